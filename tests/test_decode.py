@@ -1,0 +1,182 @@
+"""The decoding loop end to end: greedy equality with plain decoding and with transformers'
+generate, EOS and budget edge cases, bad input, and sampling that follows the target."""
+import itertools
+
+import pytest
+import torch
+from scipy.stats import chisquare
+
+from drafters.base import DraftTree, NoDrafter
+from drafters.lookahead import LookaheadDrafter
+from drafters.standalone import StandaloneDrafter, check_same_vocabulary
+from tests.models import ARCHS, tiny_model
+from verify.accept import Sampling
+from verify.decode import generate
+
+
+def drafters_for(target, arch):
+    small = tiny_model(arch, hidden=16, layers=1, seed=1)
+    return {
+        "standalone-chain": lambda: StandaloneDrafter(small, k=3),
+        "standalone-tree": lambda: StandaloneDrafter(small, k=4, top_k=3, total_tokens=12),
+        "self-chain": lambda: StandaloneDrafter(target, k=5),  # accepts everything: long accepted paths
+        "self-tree": lambda: StandaloneDrafter(target, k=4, top_k=2, total_tokens=9),
+        "lookahead": lambda: LookaheadDrafter(),
+        "prompt-lookup": lambda: LookaheadDrafter(window=0),
+    }
+
+
+def plain(model, prompt, n, eos=()):
+    return generate(model, prompt, max_new_tokens=n, eos_token_id=list(eos)).tokens.tolist()
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_plain_loop_equals_transformers_generate(arch):
+    model = tiny_model(arch)
+    for seed in range(3):
+        prompt = torch.randint(0, 64, (1 + 7 * seed,), generator=torch.Generator().manual_seed(seed))
+        ref = model.generate(prompt[None], max_new_tokens=24, do_sample=False, eos_token_id=None,
+                             pad_token_id=0)[0, prompt.numel():].tolist()
+        assert plain(model, prompt, 24) == ref
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_every_drafter_is_lossless_under_greedy(arch):
+    target = tiny_model(arch)
+    makers = drafters_for(target, arch)
+    for seed, budget in itertools.product(range(3), (1, 7, 30)):
+        prompt = torch.randint(0, 64, (1 + 5 * seed,), generator=torch.Generator().manual_seed(seed))
+        ref = plain(target, prompt, budget)
+        for name, make in makers.items():
+            out = generate(target, prompt, drafter=make(), max_new_tokens=budget, eos_token_id=[])
+            assert out.tokens.tolist() == ref, (arch, name, seed, budget)
+            assert out.stats.new_tokens == len(ref) <= budget
+
+
+class OracleDrafter:
+    """Proposes the next `k` tokens of a known reference, ignoring the budget."""
+
+    needs_hidden_states = False
+
+    def __init__(self, reference, k):
+        self.reference, self.k = reference, k
+
+    def reset(self, prompt):
+        self.prompt_len = prompt.numel()
+
+    def propose(self, state):
+        done = state.tokens.numel() - self.prompt_len
+        return DraftTree.chain(torch.tensor(self.reference[done:done + self.k] or [0]))
+
+    def update(self, result):
+        pass
+
+
+def test_budget_ending_mid_draft_is_cut_and_full_drafts_are_accepted():
+    target = tiny_model("llama")
+    prompt = torch.tensor([1, 2, 3])
+    ref = plain(target, prompt, 40)
+    out = generate(target, prompt, drafter=OracleDrafter(ref, 5), max_new_tokens=14, eos_token_id=[])
+    assert out.tokens.tolist() == ref[:14]  # 1 (prefill) + 6 + 6 + a step of 6 cut to 1
+    assert [s.committed for s in out.stats.steps] == [1, 6, 6, 1]
+    assert out.stats.tau == pytest.approx(6.0)
+    assert out.stats.acceptance_by_depth() == [1.0] * 5
+
+
+def test_self_drafting_reaches_the_longest_paths():
+    target = tiny_model("llama")
+    prompt = torch.tensor([1, 2, 3])
+    out = generate(target, prompt, drafter=StandaloneDrafter(target, k=5), max_new_tokens=16, eos_token_id=[])
+    assert out.tokens.tolist() == plain(target, prompt, 16)
+    assert out.stats.tau == pytest.approx((6 + 6 + 3) / 3)  # the last draft is shortened to the budget
+
+
+def test_eos_inside_an_accepted_draft_stops_there():
+    target = tiny_model("llama")
+    prompt = torch.tensor([5, 6, 7])
+    ref = plain(target, prompt, 30)
+    eos = ref[9]  # a token the self-draft will propose inside a longer accepted run
+    stop = ref.index(eos) + 1
+    for drafter in (StandaloneDrafter(target, k=6), LookaheadDrafter(), NoDrafter()):
+        out = generate(target, prompt, drafter=drafter, max_new_tokens=30, eos_token_id=eos)
+        assert out.tokens.tolist() == ref[:stop]
+
+
+def test_stats_are_consistent():
+    target = tiny_model("llama")
+    out = generate(target, torch.arange(10), drafter=StandaloneDrafter(tiny_model("llama", hidden=16, layers=1, seed=1), k=3),
+                   max_new_tokens=40, eos_token_id=[])
+    s = out.stats
+    assert s.new_tokens == 40
+    assert 1.0 <= s.tau <= 4.0 and 0.0 <= s.alpha <= 1.0
+    by_depth = s.acceptance_by_depth()
+    assert len(by_depth) == 3 and all(a >= b for a, b in zip(by_depth, by_depth[1:]))
+    assert s.draft_s > 0 and s.verify_s > 0
+
+
+# ---- bad input ------------------------------------------------------------------------
+def test_bad_input_gives_clear_errors():
+    target = tiny_model("llama", max_len=64)
+    with pytest.raises(ValueError, match="at least one token"):
+        generate(target, torch.tensor([], dtype=torch.long))
+    with pytest.raises(ValueError, match="context of 64"):
+        generate(target, torch.zeros(60, dtype=torch.long), max_new_tokens=10)
+    with pytest.raises(ValueError, match="lie in"):
+        generate(target, torch.tensor([1, 99]))
+    with pytest.raises(ValueError, match="one sequence"):
+        generate(target, torch.zeros(2, 3, dtype=torch.long))
+    with pytest.raises(ValueError, match="k must be"):
+        StandaloneDrafter(target, k=0)
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        generate(target, torch.tensor([1]), max_new_tokens=0)
+
+
+def test_vocabulary_mismatch_names_both_models():
+    with pytest.raises(ValueError, match="target has 64.*draft has 32"):
+        check_same_vocabulary(tiny_model("llama"), tiny_model("llama", vocab=32))
+
+
+# ---- sampling follows the target distribution --------------------------------------------
+V = 8
+
+
+def exact_first_three(model, prompt):
+    """Brute force: P(t1, t2, t3) under the target with temperature 1. Returns (V, V, V)."""
+    with torch.no_grad():
+        p1 = model(input_ids=prompt[None]).logits[0, -1].softmax(-1)
+        seqs2 = torch.cat([prompt.expand(V, -1), torch.arange(V)[:, None]], 1)
+        p2 = model(input_ids=seqs2).logits[:, -1].softmax(-1)  # (V, V)
+        pairs = torch.tensor(list(itertools.product(range(V), range(V))))
+        seqs3 = torch.cat([prompt.expand(V * V, -1), pairs], 1)
+        p3 = model(input_ids=seqs3).logits[:, -1].softmax(-1).view(V, V, V)
+    return p1[:, None, None] * p2[:, :, None] * p3
+
+
+@pytest.mark.parametrize("drafter_name", ["standalone-chain-q", "standalone-tree", "lookahead"])
+def test_sampling_through_drafts_follows_the_target(drafter_name):
+    target = tiny_model("llama", vocab=V, hidden=16, layers=1, seed=3)
+    small = tiny_model("llama", vocab=V, hidden=16, layers=1, seed=4)
+    prompt = torch.tensor([1, 2, 3, 1, 2])
+    make = {"standalone-chain-q": lambda: StandaloneDrafter(small, k=2, seed=0),
+            "standalone-tree": lambda: StandaloneDrafter(small, k=2, top_k=3, total_tokens=6),
+            "lookahead": lambda: LookaheadDrafter(ngram=3, window=3)}[drafter_name]
+    exact = exact_first_three(target, prompt).sum(0).flatten()  # (t2, t3) after marginalising t1
+    n = 1200
+    counts = torch.zeros(V * V)
+    drafter = make()
+    accepted = 0
+    for i in range(n):
+        out = generate(target, prompt, drafter=drafter, max_new_tokens=3, eos_token_id=[],
+                       sampling=Sampling(temperature=1.0), seed=i)
+        t = out.tokens.tolist()
+        counts[t[1] * V + t[2]] += 1
+        accepted += sum(s.accepted for s in out.stats.decode_steps)
+    assert accepted > 50  # the drafts really were accepted (otherwise this tests plain sampling)
+    expected = (exact * n).double()
+    keep = expected >= 5  # chi-square needs expected counts of about 5; pool the rest into one cell
+    f_obs, f_exp = counts.double()[keep], expected[keep]
+    if (~keep).any():
+        f_obs = torch.cat([f_obs, counts.double()[~keep].sum()[None]])
+        f_exp = torch.cat([f_exp, expected[~keep].sum()[None]])
+    f_exp = f_exp * f_obs.sum() / f_exp.sum()
+    assert chisquare(f_obs.numpy(), f_exp.numpy()).pvalue > 1e-3
