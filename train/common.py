@@ -14,6 +14,7 @@ import json
 import math
 import os
 import shutil
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -69,7 +70,6 @@ def make_accelerator(cfg, project: str):
 
     os.environ.setdefault("WANDB_MODE", "offline")
     os.environ.setdefault("WANDB_SILENT", "true")
-    os.environ.setdefault("WANDB_DIR", cfg.output_dir)
     os.makedirs(cfg.output_dir, exist_ok=True)
     trackers = ["wandb"] if cfg.wandb else []
     acc = Accelerator(log_with=trackers or None, project_dir=cfg.output_dir)
@@ -77,6 +77,14 @@ def make_accelerator(cfg, project: str):
         acc.init_trackers(project, config=dataclasses.asdict(cfg),
                           init_kwargs={"wandb": {"dir": cfg.output_dir, "name": Path(cfg.output_dir).name}})
     return acc
+
+
+def finish(acc) -> None:
+    """End tracking; also stop W&B's background service so that a later run in the same
+    process (tests, notebooks) starts a fresh one and writes its own run file."""
+    acc.end_training()
+    if "wandb" in sys.modules:
+        sys.modules["wandb"].teardown()
 
 
 def cosine_lr(step: int, total: int, warmup: int, min_ratio: float = 0.1) -> float:

@@ -123,6 +123,15 @@ def pack_tokens(texts, tokenizer, cache_path: str | None = None) -> torch.Tensor
     return stream
 
 
+def token_streams(cfg, corpus: Corpus, tokenizer) -> tuple[torch.Tensor, torch.Tensor]:
+    """Packed (train, held-out) streams, cached under cfg.cache_dir per corpus fingerprint and vocabulary."""
+    cache_dir = getattr(cfg, "cache_dir", "")
+    cache = os.path.join(cache_dir, f"{corpus.fingerprint[:16]}-{len(tokenizer)}") if cache_dir else None
+    train = pack_tokens(corpus.train["text"], tokenizer, cache and cache + "-train.pt")
+    heldout = pack_tokens(corpus.heldout["text"], tokenizer, cache and cache + "-heldout.pt")
+    return train, heldout
+
+
 class BlockSampler:
     """Random fixed-length windows of a token stream, resumable by step.
 

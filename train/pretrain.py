@@ -19,14 +19,15 @@ import torch  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM  # noqa: E402
 
-from train.common import Checkpoints, cosine_lr, field, make_accelerator, parse_config, save_hf  # noqa: E402
-from train.data import BlockSampler, build_corpus, pack_tokens, train_tokenizer  # noqa: E402
+from train.common import Checkpoints, cosine_lr, field, finish, make_accelerator, parse_config, save_hf  # noqa: E402
+from train.data import BlockSampler, build_corpus, token_streams, train_tokenizer  # noqa: E402
 
 
 @dataclass
 class PretrainConfig:
     corpus: str = field("stdlib", "stdlib, a folder of .py files, a .txt/.json/.jsonl file, or a hub dataset name")
     text_column: str = field("text", "text column of a json or hub dataset")
+    cache_dir: str = field("runs/cache", "where packed token streams are cached (empty: no cache)")
     tokenizer_dir: str = field("zoo/tokenizer", "tokenizer to use; trained on the train split here if absent")
     vocab_size: int = field(8192, "BPE vocabulary size when a tokenizer is trained")
     hidden_size: int = field(384, "model width")
@@ -47,6 +48,7 @@ class PretrainConfig:
     output_dir: str = field("runs/target", "checkpoints, W&B run and logs")
     export_dir: str = field("", "where the final fp16 model is saved (empty: output_dir/final)")
     seed: int = field(0, "seed for init and data order")
+    stop_at_step: int = field(0, "stop after this step as if interrupted (0: run to max_steps); for resume tests")
     wandb: bool = field(True, "log to Weights & Biases through accelerate (offline unless WANDB_MODE is set)")
 
 
@@ -55,14 +57,6 @@ def load_or_train_tokenizer(cfg, corpus):
         return AutoTokenizer.from_pretrained(cfg.tokenizer_dir)
     print(f"training a {cfg.vocab_size}-token byte-level BPE on {len(corpus.train)} files -> {cfg.tokenizer_dir}")
     return train_tokenizer(corpus.train["text"], cfg.vocab_size, cfg.tokenizer_dir)
-
-
-def token_streams(cfg, corpus, tokenizer):
-    """Packed (train, held-out) token streams, cached per corpus fingerprint."""
-    cache = os.path.join("runs", "cache", f"{corpus.fingerprint[:16]}-{len(tokenizer)}")
-    train = pack_tokens(corpus.train["text"], tokenizer, cache + "-train.pt")
-    heldout = pack_tokens(corpus.heldout["text"], tokenizer, cache + "-heldout.pt")
-    return train, heldout
 
 
 @torch.no_grad()
@@ -120,18 +114,22 @@ def main(argv=None):
         bar.set_postfix(loss=f"{metrics['train/loss']:.3f}")
         if (step + 1) % cfg.checkpoint_every == 0 and step + 1 < cfg.max_steps:
             ckpts.save(acc, step + 1)
+        if step + 1 == cfg.stop_at_step:
+            finish(acc)
+            return {"start_step": start, "stopped_at": step + 1}
 
     final = heldout_loss(model, heldout_stream, cfg.seq_len, cfg.eval_blocks)
     if acc.is_main_process:
         out = cfg.export_dir or os.path.join(cfg.output_dir, "final")
         save_hf(acc.unwrap_model(model), tokenizer, out)
-        report = {"heldout_loss": final, "params": n_params, "steps": cfg.max_steps,
-                  "corpus": corpus.source, "corpus_fingerprint": corpus.fingerprint}
+    report = {"heldout_loss": final, "params": n_params, "steps": cfg.max_steps, "start_step": start,
+              "corpus": corpus.source, "corpus_fingerprint": corpus.fingerprint}
+    if acc.is_main_process:
         with open(os.path.join(out, "train_report.json"), "w") as fh:
             json.dump(report, fh, indent=2)
         acc.print(json.dumps(report))
-    acc.end_training()
-    return final
+    finish(acc)
+    return report
 
 
 if __name__ == "__main__":

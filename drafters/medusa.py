@@ -1,0 +1,393 @@
+"""Medusa: extra decoding heads on the target's last hidden state (Cai et al. 2024).
+
+Head k (0-based) reads the target's final hidden state h_t (after the final
+norm, the input of the LM head) at the position whose logits produced the root
+token t + 1, and predicts the token at depth k + 1 below the root (token
+t + k + 2). Each head is ResBlock (x + SiLU(Linear(x)), Linear zero-initialised)
+followed by its own vocabulary projection initialised from the target's LM head
+(or the target's LM head itself, frozen: `share_lm_head`).
+
+Drafting costs no extra target forward: the verifier hands back the hidden
+states of the kept positions (`needs_hidden_states`), the drafter keeps the last
+row, and `propose` runs the heads on it. The draft is a fixed sparse tree of head
+top-k choices ("medusa choices"): paths such as (0,), (1,), (0, 0) meaning
+"head 0's best token, then head 1's best token below it". The choices are built
+greedily from per-head top-k accuracies measured on held-out data
+(`build_tree_choices`) and saved beside the heads. Proposals are deterministic
+(q is None), so exact acceptance stays lossless; typical acceptance is the
+verifier's business (`Sampling(acceptance="typical")`).
+
+A saved Medusa folder (written by train/medusa.py or `save_pretrained`):
+    config.json         head shapes and the target they were trained for
+    model.safetensors   the heads (float16)
+    tree.json           tree choices, per-head per-rank accuracies, tree size
+Medusa-2 folders also hold a peft LoRA adapter for the target
+(adapter_config.json, adapter_model.safetensors). Medusa-2 heads read the
+*fine-tuned* target's hidden states, so load the target with
+`load_target_with_adapter` (or `load_medusa`) first; greedy outputs then equal
+plain greedy decoding of the fine-tuned (merged) target, not of the original.
+"""
+from __future__ import annotations
+
+import heapq
+import json
+import os
+import warnings
+
+import torch
+from torch import nn
+
+from drafters.base import DecodeState, DraftTree, StepResult
+
+CONFIG_NAME = "config.json"
+WEIGHTS_NAME = "model.safetensors"
+TREE_NAME = "tree.json"
+ADAPTER_CONFIG_NAME = "adapter_config.json"
+MODEL_TYPE = "draftkit-medusa"
+
+TreeChoices = list[tuple[int, ...]]
+
+
+# ----------------------------------------------------------------------------- heads
+
+
+class ResBlock(nn.Module):
+    """x + SiLU(Linear(x)); the Linear starts at zero, so the block starts as the identity."""
+
+    def __init__(self, hidden_size: int):
+        super().__init__()
+        self.linear = nn.Linear(hidden_size, hidden_size)
+        nn.init.zeros_(self.linear.weight)
+        nn.init.zeros_(self.linear.bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + nn.functional.silu(self.linear(x))
+
+
+class MedusaHeads(nn.Module):
+    """`num_heads` heads of `num_layers` ResBlocks and a vocabulary projection each.
+
+    share_lm_head: use the target's own LM head (frozen, not saved) as every head's projection;
+    call `attach_lm_head(target.get_output_embeddings())` before use.
+    forward(h (..., H)) -> (num_heads, ..., V) logits.
+    """
+
+    def __init__(self, hidden_size: int, vocab_size: int, num_heads: int = 4, num_layers: int = 1,
+                 share_lm_head: bool = False):
+        super().__init__()
+        if num_heads < 1 or num_layers < 0:
+            raise ValueError(f"need num_heads >= 1 and num_layers >= 0, got {num_heads}, {num_layers}")
+        self.hidden_size, self.vocab_size = hidden_size, vocab_size
+        self.num_heads, self.num_layers, self.share_lm_head = num_heads, num_layers, share_lm_head
+        self.blocks = nn.ModuleList(nn.Sequential(*[ResBlock(hidden_size) for _ in range(num_layers)])
+                                    for _ in range(num_heads))
+        self.proj = None if share_lm_head else nn.ModuleList(
+            nn.Linear(hidden_size, vocab_size, bias=False) for _ in range(num_heads))
+        self._lm_head = None  # a plain attribute holding a list: not a submodule, never saved or trained here
+
+    def config(self) -> dict:
+        return {"hidden_size": self.hidden_size, "vocab_size": self.vocab_size, "num_heads": self.num_heads,
+                "num_layers": self.num_layers, "share_lm_head": self.share_lm_head}
+
+    def attach_lm_head(self, lm_head: nn.Module) -> "MedusaHeads":
+        """The target's LM head, used when share_lm_head (kept out of state_dict and parameters)."""
+        w = lm_head.weight
+        if tuple(w.shape) != (self.vocab_size, self.hidden_size):
+            raise ValueError(f"LM head of shape {tuple(w.shape)} does not fit heads with hidden size "
+                             f"{self.hidden_size} and vocabulary {self.vocab_size}")
+        self.__dict__["_lm_head"] = [lm_head]
+        return self
+
+    @torch.no_grad()
+    def init_from_lm_head(self, lm_head: nn.Module) -> "MedusaHeads":
+        """Copy the target's LM head into every projection (the Medusa initialisation)."""
+        w = lm_head.weight
+        if tuple(w.shape) != (self.vocab_size, self.hidden_size):
+            raise ValueError(f"LM head of shape {tuple(w.shape)} does not fit heads with hidden size "
+                             f"{self.hidden_size} and vocabulary {self.vocab_size}")
+        if self.proj is not None:
+            for p in self.proj:
+                p.weight.copy_(w.to(p.weight.dtype))
+        return self
+
+    def head_logits(self, k: int, h: torch.Tensor) -> torch.Tensor:
+        x = self.blocks[k](h)
+        if self.proj is not None:
+            return self.proj[k](x)
+        lm = self._lm_head
+        if lm is None:
+            raise RuntimeError("MedusaHeads(share_lm_head=True) needs attach_lm_head(target.get_output_embeddings())")
+        return lm[0](x.to(lm[0].weight.dtype))
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        return torch.stack([self.head_logits(k, h) for k in range(self.num_heads)])
+
+
+# ----------------------------------------------------------------------------- tree choices
+
+
+def check_tree_choices(choices, num_heads: int | None = None, max_rank: int | None = None) -> TreeChoices:
+    """Normalise to a list of int tuples and check it is a tree: every path's parent present, no repeats."""
+    out: TreeChoices = []
+    for c in choices:
+        path = tuple(int(r) for r in c)
+        if not path:
+            raise ValueError("a Medusa tree choice must be a non-empty path of top-k ranks, got ()")
+        if any(r < 0 for r in path):
+            raise ValueError(f"Medusa tree choice {path} has a negative rank")
+        if max_rank is not None and any(r >= max_rank for r in path):
+            raise ValueError(f"Medusa tree choice {path} uses rank >= {max_rank}")
+        if num_heads is not None and len(path) > num_heads:
+            raise ValueError(f"Medusa tree choice {path} is {len(path)} deep but there are only {num_heads} heads")
+        out.append(path)
+    seen = set(out)
+    if len(seen) != len(out):
+        raise ValueError("Medusa tree choices contain a repeated path")
+    for path in out:
+        if len(path) > 1 and path[:-1] not in seen:
+            raise ValueError(f"Medusa tree choice {path} has no parent {path[:-1]} in the tree")
+    return out
+
+
+def build_tree_choices(accuracies, tree_size: int) -> TreeChoices:
+    """Greedy Medusa tree from per-rank accuracies.
+
+    accuracies[k][r]: probability that head k's rank-r token is the right one (per rank, not
+    cumulative). A path's value is the product of accuracies along it (the chance the whole
+    path is accepted); the path with the highest value whose parent is already in the tree is
+    added until there are `tree_size` nodes. The sum of the values is the expected number of
+    accepted tokens. Returned in depth-first order, rank 0 first (the most likely branch first).
+    """
+    acc = [[float(a) for a in row] for row in accuracies]
+    if not acc or not all(acc):
+        raise ValueError("accuracies must be a non-empty (num_heads, top_k) table")
+    if tree_size < 0:
+        raise ValueError(f"tree_size must be >= 0, got {tree_size}")
+    heap = [(-acc[0][r], (r,)) for r in range(len(acc[0]))]
+    heapq.heapify(heap)
+    chosen: TreeChoices = []
+    while heap and len(chosen) < tree_size:
+        neg, path = heapq.heappop(heap)
+        chosen.append(path)
+        depth = len(path)
+        if depth < len(acc):
+            for r, a in enumerate(acc[depth]):
+                heapq.heappush(heap, (neg * a, path + (r,)))
+    return sorted(chosen)
+
+
+def expected_accepted(choices: TreeChoices, accuracies) -> float:
+    """Expected accepted draft tokens per step under the independence assumption of the tree builder."""
+    total = 0.0
+    for path in choices:
+        v = 1.0
+        for depth, r in enumerate(path):
+            v *= float(accuracies[depth][r])
+        total += v
+    return total
+
+
+def default_accuracies(num_heads: int, top_k: int = 10) -> list[list[float]]:
+    """A plausible accuracy profile for heads never measured (falls with depth and rank)."""
+    return [[0.6 * 0.75 ** k / (r + 1) ** 1.5 for r in range(top_k)] for k in range(num_heads)]
+
+
+# ----------------------------------------------------------------------------- drafter
+
+
+def _target_dims(target) -> tuple[int, int, int | None, str]:
+    emb = target.get_output_embeddings().weight
+    cfg = getattr(target, "config", None)
+    layers = getattr(cfg, "num_hidden_layers", None) if cfg is not None else None
+    name = (getattr(cfg, "_name_or_path", "") if cfg is not None else "") or type(target).__name__
+    return int(emb.shape[1]), int(emb.shape[0]), layers, name
+
+
+class MedusaDrafter:
+    """Medusa heads + a fixed tree of head top-k choices.
+
+    target: the model being decoded (for Medusa-2: the LoRA-merged, fine-tuned target);
+    heads: MedusaHeads; tree_choices: paths of top-k ranks (see `build_tree_choices`).
+    """
+
+    needs_hidden_states = True
+
+    def __init__(self, target, heads: MedusaHeads, tree_choices, accuracies=None):
+        hidden, vocab, _, name = _target_dims(target)
+        if (heads.hidden_size, heads.vocab_size) != (hidden, vocab):
+            raise ValueError(f"Medusa heads (hidden size {heads.hidden_size}, vocabulary {heads.vocab_size}) do not "
+                             f"fit target {name} (hidden size {hidden}, vocabulary {vocab})")
+        self.target = target
+        self.heads = heads.eval()
+        if heads.share_lm_head and heads._lm_head is None:
+            heads.attach_lm_head(target.get_output_embeddings())
+        self.accuracies = accuracies
+        self.set_tree(tree_choices)
+        self.reset(None)
+
+    # -- tree
+    def set_tree(self, tree_choices) -> None:
+        """Replace the tree; paths are checked and laid out depth-first, rank 0 first."""
+        choices = sorted(check_tree_choices(tree_choices, self.heads.num_heads, self.heads.vocab_size))
+        self.tree_choices = choices
+        self.top_k = 1 + max((max(p) for p in choices), default=-1)
+        self._layouts: dict[int, tuple] = {}
+
+    def set_tree_size(self, tree_size: int) -> None:
+        """Rebuild the tree from the stored accuracies (or a default profile) with `tree_size` nodes."""
+        acc = self.accuracies or default_accuracies(self.heads.num_heads)
+        self.set_tree(build_tree_choices(acc, tree_size))
+
+    def _layout(self, max_depth: int):
+        """(head index, rank, parent) tensors of the choices no deeper than max_depth."""
+        if max_depth not in self._layouts:
+            kept = [p for p in self.tree_choices if len(p) <= max_depth]
+            index = {p: i for i, p in enumerate(kept)}
+            head = torch.tensor([len(p) - 1 for p in kept], dtype=torch.long)
+            rank = torch.tensor([p[-1] for p in kept], dtype=torch.long)
+            parents = torch.tensor([index[p[:-1]] if len(p) > 1 else -1 for p in kept], dtype=torch.long)
+            self._layouts[max_depth] = (head, rank, parents)
+        return self._layouts[max_depth]
+
+    # -- Drafter protocol
+    def reset(self, prompt: torch.Tensor | None) -> None:
+        self.hidden = None  # (H,) final hidden state at the position that produced the root
+
+    @torch.no_grad()
+    def propose(self, state: DecodeState) -> DraftTree:
+        device = state.tokens.device
+        max_depth = min(self.heads.num_heads, state.budget - 1)
+        if self.hidden is None or max_depth < 1 or not self.tree_choices:
+            return DraftTree.empty(device)
+        head, rank, parents = self._layout(max_depth)
+        if not len(head):
+            return DraftTree.empty(device)
+        p = next(self.heads.parameters(), None)
+        h = self.hidden.to(p.device, p.dtype) if p is not None else self.hidden
+        logits = self.heads(h[None])[:, 0]  # (num_heads, V)
+        top = logits.topk(self.top_k, dim=-1).indices.cpu()  # (num_heads, top_k)
+        tokens = top[head, rank]
+        return DraftTree(tokens.to(device), parents.to(device))
+
+    def update(self, result: StepResult) -> None:
+        if result.hidden is None:
+            raise RuntimeError("MedusaDrafter needs the target's hidden states (needs_hidden_states = True)")
+        self.hidden = result.hidden[-1][-1]
+
+    # -- persistence
+    def save_pretrained(self, path: str, extra_config: dict | None = None, metrics: dict | None = None) -> None:
+        save_medusa(path, self.heads, self.tree_choices, self.target, accuracies=self.accuracies,
+                    extra_config=extra_config, metrics=metrics)
+
+    @classmethod
+    def from_pretrained(cls, path: str, target, tree_size: int | None = None, dtype: torch.dtype | None = None,
+                        check_adapter: bool = True) -> "MedusaDrafter":
+        """Load a saved folder for `target`. tree_size: rebuild the tree from the saved accuracies.
+
+        dtype: heads' dtype (default: the target's, but float32 for a half-precision target on CPU).
+        """
+        path = str(path)
+        cfg_path = os.path.join(path, CONFIG_NAME)
+        if not os.path.exists(cfg_path):
+            raise FileNotFoundError(f"{path} holds no Medusa {CONFIG_NAME}")
+        with open(cfg_path) as fh:
+            cfg = json.load(fh)
+        if cfg.get("model_type") != MODEL_TYPE:
+            raise ValueError(f"{cfg_path} is not a draftkit Medusa config (model_type {cfg.get('model_type')!r})")
+        hidden, vocab, layers, name = _target_dims(target)
+        made_for = cfg.get("target", {})
+        if (cfg["hidden_size"], cfg["vocab_size"]) != (hidden, vocab):
+            raise ValueError(
+                f"Medusa heads at {path} were trained for target {made_for.get('name', '?')} (hidden size "
+                f"{cfg['hidden_size']}, vocabulary {cfg['vocab_size']}); this target {name} has hidden size "
+                f"{hidden} and vocabulary {vocab}")
+        if check_adapter and os.path.exists(os.path.join(path, ADAPTER_CONFIG_NAME)) \
+                and getattr(target, "_draftkit_medusa_adapter", None) != os.path.abspath(path):
+            warnings.warn(f"{path} holds a Medusa-2 LoRA adapter: these heads expect the fine-tuned target. "
+                          "Load it with drafters.medusa.load_target_with_adapter(path, target) (or load_medusa).",
+                          stacklevel=2)
+        heads = MedusaHeads(cfg["hidden_size"], cfg["vocab_size"], cfg["num_heads"], cfg["num_layers"],
+                            cfg.get("share_lm_head", False))
+        from safetensors.torch import load_file
+
+        state = load_file(os.path.join(path, WEIGHTS_NAME))
+        missing, unexpected = heads.load_state_dict({k: v.float() for k, v in state.items()}, strict=False)
+        if missing or unexpected:
+            raise ValueError(f"{path}/{WEIGHTS_NAME} does not match its config: missing {missing}, "
+                             f"unexpected {unexpected}")
+        tdtype = next(target.parameters()).dtype
+        tdev = next(target.parameters()).device
+        if dtype is None:
+            dtype = torch.float32 if (tdev.type == "cpu" and tdtype in (torch.float16, torch.bfloat16)) else tdtype
+        heads.to(device=tdev, dtype=dtype)
+        tree = {}
+        tree_path = os.path.join(path, TREE_NAME)
+        if os.path.exists(tree_path):
+            with open(tree_path) as fh:
+                tree = json.load(fh)
+        accuracies = tree.get("accuracies")
+        choices = tree.get("choices")
+        if tree_size is not None or choices is None:
+            choices = build_tree_choices(accuracies or default_accuracies(heads.num_heads),
+                                         tree_size if tree_size is not None else 64)
+        return cls(target, heads, choices, accuracies=accuracies)
+
+
+def save_medusa(path: str, heads: MedusaHeads, tree_choices, target=None, accuracies=None,
+                extra_config: dict | None = None, metrics: dict | None = None) -> None:
+    """Write config.json, model.safetensors (float16) and tree.json under `path`."""
+    from safetensors.torch import save_file
+
+    os.makedirs(path, exist_ok=True)
+    choices = check_tree_choices(tree_choices, heads.num_heads)
+    cfg = {"model_type": MODEL_TYPE, **heads.config(), "hidden_layer": -1}
+    if target is not None:
+        hidden, vocab, layers, name = _target_dims(target)
+        cfg["target"] = {"name": name, "hidden_size": hidden, "vocab_size": vocab, "num_layers": layers,
+                         "model_type": getattr(getattr(target, "config", None), "model_type", None)}
+    cfg.update(extra_config or {})
+    state = {k: v.detach().to("cpu", torch.float16).contiguous() for k, v in heads.state_dict().items()}
+    save_file(state, os.path.join(path, WEIGHTS_NAME), metadata={"format": "pt"})
+    with open(os.path.join(path, CONFIG_NAME), "w") as fh:
+        json.dump(cfg, fh, indent=2)
+    tree = {"tree_size": len(choices), "choices": [list(c) for c in choices]}
+    if accuracies is not None:
+        tree["accuracies"] = [[float(a) for a in row] for row in accuracies]
+        tree["expected_accepted"] = expected_accepted(choices, accuracies)
+    if metrics:
+        tree["metrics"] = metrics
+    with open(os.path.join(path, TREE_NAME), "w") as fh:
+        json.dump(tree, fh, indent=1)
+
+
+# ----------------------------------------------------------------------------- Medusa-2
+
+
+def has_adapter(path: str) -> bool:
+    return os.path.exists(os.path.join(str(path), ADAPTER_CONFIG_NAME))
+
+
+def load_target_with_adapter(path: str, target):
+    """The target with the Medusa-2 LoRA adapter in `path` merged in (a plain model again).
+
+    Medusa-2 fine-tunes the target, so lossless / greedy-equality guarantees hold against this
+    merged model, not the original. Returns `target` unchanged when `path` holds no adapter.
+    """
+    if not has_adapter(path):
+        return target
+    from peft import PeftModel
+
+    merged = PeftModel.from_pretrained(target, str(path)).merge_and_unload()
+    merged._draftkit_medusa_adapter = os.path.abspath(str(path))
+    return merged.eval()
+
+
+def load_medusa(path: str, target, tree_size: int | None = None):
+    """(target, drafter) for a Medusa-1 or Medusa-2 folder: the target is LoRA-merged when needed."""
+    target = load_target_with_adapter(path, target)
+    return target, MedusaDrafter.from_pretrained(path, target, tree_size=tree_size)
+
+
+__all__ = ["ResBlock", "MedusaHeads", "MedusaDrafter", "build_tree_choices", "check_tree_choices",
+           "expected_accepted", "default_accuracies", "save_medusa", "load_target_with_adapter", "load_medusa",
+           "has_adapter"]

@@ -1,0 +1,59 @@
+"""The shipped default model family under zoo/, checked against its manifest.
+
+zoo/manifest.json records, for every shipped model folder, how it was made
+(command, recipe, corpus fingerprint, held-out metrics, parameter count) and
+the sha256 of every file. Loading verifies the hashes first, so a corrupt or
+missing file is a clear error instead of garbage weights.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+ZOO = Path(os.environ.get("DRAFTKIT_ZOO", Path(__file__).resolve().parent.parent / "zoo"))
+
+
+class ZooError(RuntimeError):
+    pass
+
+
+def sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def manifest(zoo: Path = ZOO) -> dict:
+    path = zoo / "manifest.json"
+    if not path.exists():
+        raise ZooError(f"no manifest at {path}: the default models are missing; train them with the recipes "
+                       "under recipes/ (see README) or pass your own model")
+    return json.loads(path.read_text())
+
+
+def verified_path(name: str, zoo: Path = ZOO) -> str:
+    """The folder of shipped model `name` after checking every file's sha256."""
+    entry = manifest(zoo).get("models", {}).get(name)
+    if entry is None:
+        raise ZooError(f"the default model family has no {name!r}; it has {sorted(manifest(zoo).get('models', {}))}")
+    folder = zoo / entry["path"]
+    for rel, want in entry["files"].items():
+        file = folder / rel
+        if not file.exists():
+            raise ZooError(f"{file} is missing (listed in {zoo / 'manifest.json'})")
+        got = sha256(file)
+        if got != want["sha256"]:
+            raise ZooError(f"{file} is corrupt: sha256 {got[:12]}... does not match the manifest's "
+                           f"{want['sha256'][:12]}...; restore it with `git checkout -- {file}`")
+    return str(folder)
+
+
+def available(zoo: Path = ZOO) -> list[str]:
+    try:
+        return sorted(manifest(zoo).get("models", {}))
+    except ZooError:
+        return []

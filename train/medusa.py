@@ -1,0 +1,429 @@
+"""Train Medusa heads for a target (Medusa-1: frozen target; Medusa-2: joint LoRA fine-tune).
+
+    accelerate launch train/medusa.py --config recipes/medusa/medusa1.yaml
+    python train/medusa.py --config recipes/medusa/medusa1.yaml          # one CPU
+
+Head k (0-based) reads the target's final hidden state h_t and predicts token
+t + k + 2 (head 0: the token after the next one, which the LM head itself gives).
+
+- medusa1: the target is frozen and run under no_grad; loss = sum_k CE(head_k(h_t), x_{t+k+2}).
+- medusa2: the target gets a peft LoRA adapter trained jointly with the heads;
+  loss = target_weight * (KL(original || fine-tuned) or LM loss) + sum_k head_decay^k * head_weight * CE_k,
+  heads at head_lr_multiplier x the learning rate. Initialise the heads from a Medusa-1 run (init_heads).
+
+self_distill: part of every batch (distill_fraction) comes from text the target itself
+generated from windows of the train split (generated once, cached in output_dir).
+
+At the end, per-head top-k accuracies (k <= eval_top_k) are measured on held-out blocks, the
+tree of head choices is built from them (tree_size nodes) and everything is written to
+export_dir (default output_dir/final) in the format drafters/medusa.py loads; Medusa-2 also
+writes its LoRA adapter there. Killed and started again with the same command, it resumes
+from its last checkpoint.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+import time
+from dataclasses import asdict, dataclass
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+from tqdm import tqdm  # noqa: E402
+from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache  # noqa: E402
+
+from drafters.medusa import MedusaHeads, build_tree_choices, expected_accepted, save_medusa  # noqa: E402
+from train.common import Checkpoints, cosine_lr, field, finish, make_accelerator, parse_config  # noqa: E402
+from train.data import BlockSampler, build_corpus, token_streams  # noqa: E402
+
+
+@dataclass
+class MedusaConfig:
+    target: str = field("runs/target/final", "the target model (a Hugging Face folder or hub name)")
+    tokenizer_dir: str = field("", "tokenizer (empty: the target's folder)")
+    corpus: str = field("stdlib", "stdlib, a folder of .py files, a .txt/.json/.jsonl file, or a hub dataset name")
+    text_column: str = field("text", "text column of a json or hub dataset")
+    cache_dir: str = field("runs/cache", "where packed token streams are cached (shared with pretrain)")
+    mode: str = field("medusa1", "medusa1 (frozen target) or medusa2 (joint LoRA fine-tune of the target)")
+    num_heads: int = field(4, "Medusa heads (head k predicts the token k + 2 ahead of its position)")
+    num_layers: int = field(1, "ResBlocks per head")
+    share_lm_head: bool = field(False, "use the target's frozen LM head as every head's projection")
+    init_heads: str = field("", "a Medusa folder to start the heads from (e.g. a Medusa-1 run for Medusa-2)")
+    seq_len: int = field(256, "training block length in tokens")
+    batch_size: int = field(8, "blocks per optimizer step")
+    lr: float = field(1e-3, "peak learning rate (AdamW, cosine); the heads' LR in medusa1, LoRA's in medusa2")
+    head_lr_multiplier: float = field(4.0, "medusa2: the heads' LR is lr times this")
+    weight_decay: float = field(0.0, "AdamW weight decay")
+    warmup_ratio: float = field(0.1, "linear warmup as a fraction of max_steps")
+    max_steps: int = field(500, "optimizer steps in total")
+    grad_clip: float = field(1.0, "gradient norm clip")
+    lora_r: int = field(8, "medusa2: LoRA rank")
+    lora_alpha: int = field(16, "medusa2: LoRA alpha")
+    lora_dropout: float = field(0.0, "medusa2: LoRA dropout")
+    lora_targets: list = field(["q_proj", "v_proj"], "medusa2: module names that get LoRA adapters")
+    target_loss: str = field("kl", "medusa2: kl (KL(original || fine-tuned), self-distillation) or lm (next-token CE)")
+    kl_weight: float = field(1.0, "medusa2: weight of the target's own loss (KL or LM)")
+    head_weight: float = field(0.2, "medusa2: weight of the head losses")
+    head_decay: float = field(0.8, "medusa2: head k's loss is scaled by head_decay ** k")
+    self_distill: bool = field(False, "train on text the target generated from train-split windows")
+    distill_fraction: float = field(1.0, "share of each batch's rows taken from the self-distilled text")
+    distill_tokens: int = field(65536, "self-distilled tokens to generate (prompt windows excluded)")
+    distill_prompt_len: int = field(64, "train-split window each generation starts from")
+    distill_gen_len: int = field(192, "tokens generated per window")
+    distill_temperature: float = field(0.0, "0: greedy generation, else sampling temperature")
+    distill_batch: int = field(32, "windows generated together")
+    eval_every: int = field(100, "held-out head accuracy every N steps")
+    eval_blocks: int = field(64, "held-out blocks per evaluation")
+    eval_top_k: int = field(10, "top-k accuracies measured per head (the tree's widest rank)")
+    tree_size: int = field(32, "nodes in the Medusa tree built from the held-out accuracies")
+    checkpoint_every: int = field(100, "checkpoint every N steps (the most work an interruption loses)")
+    output_dir: str = field("runs/medusa1", "checkpoints, W&B run and logs")
+    export_dir: str = field("", "where the heads, tree and adapter are saved (empty: output_dir/final)")
+    seed: int = field(0, "seed for init and data order")
+    wandb: bool = field(True, "log to Weights & Biases through accelerate (offline unless WANDB_MODE is set)")
+
+    def __post_init__(self):
+        if self.mode not in ("medusa1", "medusa2"):
+            raise ValueError(f"mode must be 'medusa1' or 'medusa2', got {self.mode!r}")
+        if self.target_loss not in ("kl", "lm"):
+            raise ValueError(f"target_loss must be 'kl' or 'lm', got {self.target_loss!r}")
+        if self.seq_len < self.num_heads + 3:
+            raise ValueError(f"seq_len {self.seq_len} is too short for {self.num_heads} heads")
+        if not 0.0 <= self.distill_fraction <= 1.0:
+            raise ValueError(f"distill_fraction must be in [0, 1], got {self.distill_fraction}")
+
+
+# ----------------------------------------------------------------------------- losses and metrics
+
+
+def head_outputs(heads, hidden: torch.Tensor, tokens: torch.Tensor):
+    """Per head k: (logits (N, V), labels (N,)) pairing h_t with x_{t+k+2}. hidden (B, T, H), tokens (B, T)."""
+    logits = heads(hidden)  # (K, B, T, V): one call, so a DDP-wrapped module syncs its gradients
+    out = []
+    for k in range(logits.shape[0]):
+        n = tokens.shape[1] - k - 2
+        out.append((logits[k, :, :n].reshape(-1, logits.shape[-1]), tokens[:, k + 2:].reshape(-1)))
+    return out
+
+
+def head_losses(heads, hidden, tokens, top: int = 5):
+    """(losses per head, {metric: value}) with top-1 / top-`top` accuracy per head."""
+    losses, metrics = [], {}
+    for k, (logits, labels) in enumerate(head_outputs(heads, hidden, tokens)):
+        loss = F.cross_entropy(logits.float(), labels)
+        losses.append(loss)
+        with torch.no_grad():
+            hits = logits.topk(top, -1).indices == labels[:, None]
+            metrics[f"head{k}_loss"] = loss.item()
+            metrics[f"head{k}_top1"] = hits[:, 0].float().mean().item()
+            metrics[f"head{k}_top{top}"] = hits.any(-1).float().mean().item()
+    return losses, metrics
+
+
+def kl_to_reference(logits: torch.Tensor, ref_logits: torch.Tensor) -> torch.Tensor:
+    """Mean over positions of KL(ref || model)."""
+    ref = ref_logits.float().log_softmax(-1)
+    return (ref.exp() * (ref - logits.float().log_softmax(-1))).sum(-1).mean()
+
+
+@torch.no_grad()
+def evaluate(target, heads, stream: torch.Tensor, seq_len: int, blocks: int, top_k: int = 10,
+             batch_size: int = 8) -> dict:
+    """Held-out head losses, per-rank and cumulative top-k accuracies, and the target's LM loss.
+
+    per_rank[k][r]: share of positions where the right token is head k's rank-r guess.
+    topk[k][r]:     share where it is among head k's top r + 1 (cumulative).
+    """
+    was_training = heads.training, target.training
+    heads.eval(), target.eval()
+    device = next(heads.parameters()).device
+    n = min(blocks, (stream.numel() - 1) // seq_len)
+    if n < 1:
+        raise ValueError(f"held-out stream of {stream.numel()} tokens holds no block of {seq_len}")
+    K = heads.num_heads
+    rank_hits = torch.zeros(K, top_k)
+    counts = torch.zeros(K)
+    loss_sum = torch.zeros(K)
+    lm_sum, lm_n = 0.0, 0
+    for i in range(0, n, batch_size):
+        rows = [stream[j * seq_len:(j + 1) * seq_len] for j in range(i, min(n, i + batch_size))]
+        batch = torch.stack(rows).long().to(device)
+        out = target(input_ids=batch, output_hidden_states=True)
+        hidden = out.hidden_states[-1]
+        lm = F.cross_entropy(out.logits[:, :-1].reshape(-1, out.logits.shape[-1]).float(), batch[:, 1:].reshape(-1),
+                             reduction="sum")
+        lm_sum, lm_n = lm_sum + lm.item(), lm_n + batch[:, 1:].numel()
+        for k, (logits, labels) in enumerate(head_outputs(heads, hidden.to(device), batch)):
+            loss_sum[k] += F.cross_entropy(logits.float(), labels, reduction="sum").item()
+            counts[k] += labels.numel()
+            hits = (logits.topk(top_k, -1).indices == labels[:, None]).float().sum(0).cpu()
+            rank_hits[k] += hits
+    heads.train(was_training[0]), target.train(was_training[1])
+    per_rank = rank_hits / counts[:, None]
+    return {"head_loss": (loss_sum / counts).tolist(), "per_rank": per_rank.tolist(),
+            "topk": per_rank.cumsum(-1).tolist(), "target_loss": lm_sum / lm_n, "blocks": n}
+
+
+def eval_metrics(res: dict, prefix: str = "heldout") -> dict:
+    m = {f"{prefix}/target_loss": res["target_loss"]}
+    for k, loss in enumerate(res["head_loss"]):
+        m[f"{prefix}/head{k}_loss"] = loss
+        m[f"{prefix}/head{k}_top1"] = res["topk"][k][0]
+        m[f"{prefix}/head{k}_top5"] = res["topk"][k][min(4, len(res["topk"][k]) - 1)]
+    m[f"{prefix}/head_loss"] = sum(res["head_loss"])
+    return m
+
+
+# ----------------------------------------------------------------------------- data
+
+
+def load_tokenizer(cfg):
+    return AutoTokenizer.from_pretrained(cfg.tokenizer_dir or cfg.target)
+
+
+@torch.no_grad()
+def generate_batch(model, prompts: torch.Tensor, new_tokens: int, temperature: float = 0.0,
+                   gen: torch.Generator | None = None) -> torch.Tensor:
+    """(B, P) prompts -> (B, P + new_tokens), greedy or sampled, with a KV cache; EOS does not stop it."""
+    cache = DynamicCache(config=model.config)
+    logits = model(input_ids=prompts, cache=cache, use_cache=True, logits_to_keep=1).logits[:, -1]
+    out = [prompts]
+    for i in range(new_tokens):
+        if temperature > 0:
+            probs = (logits.float() / temperature).softmax(-1)
+            nxt = torch.multinomial(probs.cpu(), 1, generator=gen).to(prompts.device)
+        else:
+            nxt = logits.argmax(-1, keepdim=True)
+        out.append(nxt)
+        if i + 1 < new_tokens:
+            logits = model(input_ids=nxt, cache=cache, use_cache=True).logits[:, -1]
+    return torch.cat(out, 1)
+
+
+def distill_stream(cfg, acc, target, train_stream: torch.Tensor) -> torch.Tensor:
+    """Text the target generated from random train-split windows, as one stream (cached in output_dir)."""
+    name = (f"distill-{cfg.distill_tokens}-{cfg.distill_prompt_len}-{cfg.distill_gen_len}-"
+            f"{cfg.distill_temperature:g}-{cfg.seed}.pt")
+    path = os.path.join(cfg.output_dir, name)
+    with acc.main_process_first():
+        if os.path.exists(path):
+            return torch.load(path)
+        rows = math.ceil(cfg.distill_tokens / cfg.distill_gen_len)
+        gen = torch.Generator().manual_seed(cfg.seed + 12345)
+        starts = torch.randint(0, train_stream.numel() - cfg.distill_prompt_len, (rows,), generator=gen).tolist()
+        device = next(target.parameters()).device
+        chunks = []
+        t0 = time.perf_counter()
+        for i in tqdm(range(0, rows, cfg.distill_batch), desc="self-distill", disable=not acc.is_local_main_process):
+            prompts = torch.stack([train_stream[s: s + cfg.distill_prompt_len] for s in starts[i:i + cfg.distill_batch]])
+            chunks.append(generate_batch(target, prompts.long().to(device), cfg.distill_gen_len,
+                                         cfg.distill_temperature, gen).cpu())
+        stream = torch.cat(chunks).flatten().to(torch.int32)
+        if acc.is_main_process:
+            os.makedirs(cfg.output_dir, exist_ok=True)
+            torch.save(stream, path + ".tmp")
+            os.replace(path + ".tmp", path)
+        acc.print(f"self-distilled {rows * cfg.distill_gen_len:,} tokens in {time.perf_counter() - t0:.0f}s -> {path}")
+        return stream
+
+
+class MixedSampler:
+    """Rows from the corpus and from the self-distilled stream, both resumable by step."""
+
+    def __init__(self, corpus_stream, distilled, cfg, seed: int):
+        n_d = 0 if distilled is None else max(1, round(cfg.batch_size * cfg.distill_fraction)) \
+            if cfg.distill_fraction > 0 else 0
+        n_c = cfg.batch_size - n_d
+        self.samplers = []
+        if n_c:
+            self.samplers.append(BlockSampler(corpus_stream, cfg.seq_len, n_c, seed))
+        if n_d:
+            self.samplers.append(BlockSampler(distilled, cfg.seq_len, n_d, seed + 7919))
+
+    def batch(self, step: int) -> torch.Tensor:
+        return torch.cat([s.batch(step) for s in self.samplers])
+
+
+# ----------------------------------------------------------------------------- models
+
+
+def load_target(cfg, device):
+    target = AutoModelForCausalLM.from_pretrained(cfg.target, dtype=torch.float32)
+    return target.to(device)
+
+
+def make_heads(cfg, target) -> MedusaHeads:
+    emb = target.get_output_embeddings()
+    torch.manual_seed(cfg.seed)
+    heads = MedusaHeads(emb.weight.shape[1], emb.weight.shape[0], cfg.num_heads, cfg.num_layers, cfg.share_lm_head)
+    if cfg.share_lm_head:
+        heads.attach_lm_head(emb)
+    else:
+        heads.init_from_lm_head(emb)
+    if cfg.init_heads:
+        from safetensors.torch import load_file
+
+        src = os.path.join(cfg.init_heads, "model.safetensors")
+        if not os.path.exists(src):
+            raise FileNotFoundError(f"init_heads: {src} does not exist (train Medusa-1 first, or set --init_heads '')")
+        with open(os.path.join(cfg.init_heads, "config.json")) as fh:
+            icfg = json.load(fh)
+        want = heads.config()
+        if any(icfg.get(k) != v for k, v in want.items()):
+            raise ValueError(f"init_heads {cfg.init_heads} has heads {({k: icfg.get(k) for k in want})}, "
+                             f"this run wants {want}")
+        heads.load_state_dict({k: v.float() for k, v in load_file(src).items()})
+    return heads.to(emb.weight.device)
+
+
+def add_lora(cfg, target):
+    from peft import LoraConfig, get_peft_model
+
+    lora = LoraConfig(r=cfg.lora_r, lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout,
+                      target_modules=list(cfg.lora_targets), bias="none", task_type="CAUSAL_LM")
+    return get_peft_model(target, lora)
+
+
+def count_trainable(*modules) -> int:
+    return sum(p.numel() for m in modules for p in m.parameters() if p.requires_grad)
+
+
+# ----------------------------------------------------------------------------- main
+
+
+def main(argv=None):
+    cfg = parse_config(MedusaConfig, argv, description=__doc__)
+    acc = make_accelerator(cfg, f"draftkit-{cfg.mode}")
+    tokenizer = load_tokenizer(cfg)
+    target = load_target(cfg, acc.device)
+    vocab = target.get_output_embeddings().weight.shape[0]
+    if len(tokenizer) > vocab:
+        raise ValueError(f"tokenizer has {len(tokenizer)} tokens but target {cfg.target} only {vocab} outputs")
+    corpus = build_corpus(cfg.corpus, cfg.text_column)
+    train_stream, heldout_stream = token_streams(cfg, corpus, tokenizer)
+    acc.print(f"corpus {corpus.source}: {train_stream.numel():,} train / {heldout_stream.numel():,} held-out tokens")
+
+    medusa2 = cfg.mode == "medusa2"
+    target.requires_grad_(False).eval()
+    distilled = distill_stream(cfg, acc, target, train_stream) if cfg.self_distill else None
+    heads = make_heads(cfg, target)
+    if medusa2:
+        target = add_lora(cfg, target)
+        target.train()
+        groups = [{"params": [p for p in target.parameters() if p.requires_grad], "lr": cfg.lr},
+                  {"params": list(heads.parameters()), "lr": cfg.lr * cfg.head_lr_multiplier}]
+    else:
+        groups = [{"params": list(heads.parameters()), "lr": cfg.lr}]
+    n_trainable = count_trainable(heads, target)
+    opt = torch.optim.AdamW(groups, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
+    warmup = int(cfg.warmup_ratio * cfg.max_steps)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: cosine_lr(s, cfg.max_steps, warmup))
+    if medusa2:
+        heads, target, opt, sched = acc.prepare(heads, target, opt, sched)
+    else:
+        heads, opt, sched = acc.prepare(heads, opt, sched)
+    ckpts = Checkpoints(cfg.output_dir)
+    start = ckpts.resume(acc)
+    sampler = MixedSampler(train_stream, distilled, cfg, cfg.seed + acc.process_index)
+    plain = acc.unwrap_model(target)
+
+    def reference_logits(batch):
+        with torch.no_grad(), plain.disable_adapter():
+            return plain(input_ids=batch).logits
+
+    initial = None
+    if start == 0:
+        initial = evaluate(plain, acc.unwrap_model(heads), heldout_stream, cfg.seq_len, cfg.eval_blocks, 5)
+        acc.log(eval_metrics(initial), step=0)
+        acc.print(f"before training: held-out head losses {[round(x, 3) for x in initial['head_loss']]}")
+
+    bar = tqdm(range(start, cfg.max_steps), initial=start, total=cfg.max_steps, desc=cfg.mode,
+               disable=not acc.is_local_main_process)
+    t0 = time.perf_counter()
+    for step in bar:
+        batch = sampler.batch(step).to(acc.device)
+        metrics = {}
+        if medusa2:
+            out = target(input_ids=batch, output_hidden_states=True)
+            if cfg.target_loss == "kl":
+                own = kl_to_reference(out.logits, reference_logits(batch))
+            else:
+                own = F.cross_entropy(out.logits[:, :-1].reshape(-1, vocab).float(), batch[:, 1:].reshape(-1))
+            losses, hm = head_losses(heads, out.hidden_states[-1], batch)
+            head_total = sum(cfg.head_decay ** k * cfg.head_weight * l for k, l in enumerate(losses))
+            loss = cfg.kl_weight * own + head_total
+            metrics[f"train/target_{cfg.target_loss}"] = own.item()
+            metrics["train/head_loss_weighted"] = head_total.item()
+            params = list(heads.parameters()) + [p for p in target.parameters() if p.requires_grad]
+        else:
+            with torch.no_grad():
+                hidden = target(input_ids=batch, output_hidden_states=True).hidden_states[-1]
+            losses, hm = head_losses(heads, hidden, batch)
+            loss = sum(losses)
+            params = list(heads.parameters())
+        acc.backward(loss)
+        acc.clip_grad_norm_(params, cfg.grad_clip)
+        opt.step(); sched.step(); opt.zero_grad(set_to_none=True)
+        metrics.update({f"train/{k}": v for k, v in hm.items()})
+        metrics.update({"train/loss": loss.item(), "train/head_loss": sum(l.item() for l in losses),
+                        "train/lr": sched.get_last_lr()[0]})
+        if (step + 1) % cfg.eval_every == 0 and step + 1 < cfg.max_steps:
+            res = evaluate(plain, acc.unwrap_model(heads), heldout_stream, cfg.seq_len, cfg.eval_blocks, 5)
+            metrics.update(eval_metrics(res))
+        acc.log(metrics, step=step + 1)
+        bar.set_postfix(loss=f"{metrics['train/loss']:.3f}", top1=f"{hm['head0_top1']:.2f}")
+        if (step + 1) % cfg.checkpoint_every == 0 or step + 1 == cfg.max_steps:
+            ckpts.save(acc, step + 1)
+    train_s = time.perf_counter() - t0
+
+    # final evaluation, tree and export
+    heads_final = acc.unwrap_model(heads).eval()
+    plain.eval()
+    res = evaluate(plain, heads_final, heldout_stream, cfg.seq_len, cfg.eval_blocks, cfg.eval_top_k)
+    acc.log(eval_metrics(res, "final"), step=cfg.max_steps)
+    choices = build_tree_choices(res["per_rank"], cfg.tree_size)
+    report = {
+        "mode": cfg.mode, "steps": cfg.max_steps, "resumed_from": start,
+        "train_seconds": round(train_s, 1), "trainable_params": n_trainable,
+        "head_top1": [r[0] for r in res["topk"]], "head_top5": [r[min(4, cfg.eval_top_k - 1)] for r in res["topk"]],
+        "heldout_head_loss": res["head_loss"],
+        "initial_heldout_head_loss": initial["head_loss"] if initial else None,
+        "heldout_target_loss": res["target_loss"],
+        "tree_size": len(choices), "expected_accepted": expected_accepted(choices, res["per_rank"]),
+        "heldout_blocks": res["blocks"], "corpus": corpus.source, "corpus_fingerprint": corpus.fingerprint,
+        "target": cfg.target, "self_distill": cfg.self_distill,
+    }
+    if medusa2:
+        with plain.disable_adapter():
+            report["heldout_target_loss_original"] = evaluate(plain, heads_final, heldout_stream, cfg.seq_len,
+                                                              cfg.eval_blocks, 1)["target_loss"]
+    out_dir = cfg.export_dir or os.path.join(cfg.output_dir, "final")
+    if acc.is_main_process:
+        base = plain.get_base_model() if medusa2 else plain
+        save_medusa(out_dir, heads_final, choices, base, accuracies=res["per_rank"],
+                    extra_config={"mode": cfg.mode, "target": {
+                        "name": cfg.target, "hidden_size": base.config.hidden_size, "vocab_size": vocab,
+                        "num_layers": getattr(base.config, "num_hidden_layers", None),
+                        "model_type": base.config.model_type},
+                        "train_config": asdict(cfg)},
+                    metrics={"heldout_topk": res["topk"], "heldout_head_loss": res["head_loss"],
+                             "heldout_target_loss": res["target_loss"]})
+        if medusa2:
+            plain.save_pretrained(out_dir)
+        tokenizer.save_pretrained(out_dir)
+        report["export_dir"] = out_dir
+        with open(os.path.join(out_dir, "train_report.json"), "w") as fh:
+            json.dump(report, fh, indent=2)
+        acc.print(json.dumps(report))
+    finish(acc)
+    return report
+
+
+__all__ = ["MedusaConfig", "main", "evaluate", "head_losses", "head_outputs", "kl_to_reference", "generate_batch"]
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,63 @@
+"""Copy a trained model folder into zoo/ and record it in zoo/manifest.json.
+
+    python train/ship.py --name target --source runs/target/final \
+        --recipe recipes/zoo/target.yaml --command "accelerate launch train/pretrain.py --config recipes/zoo/target.yaml"
+
+The manifest keeps, per model: the command and recipe that made it, the corpus
+fingerprint and held-out metrics from the run's train_report.json, the
+parameter count, and the sha256 and size of every file (checked at load time).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+from pathlib import Path
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from draftkit.zoo import ZOO, sha256  # noqa: E402
+
+SKIP = {"train_report.json", "training_args.bin"}
+
+
+def ship(name: str, source: str, recipe: str, command: str, zoo: Path = ZOO) -> dict:
+    src, dst = Path(source), zoo / name
+    if not src.is_dir():
+        raise FileNotFoundError(f"{src} is not a model folder")
+    if dst.exists():
+        shutil.rmtree(dst)
+    dst.mkdir(parents=True)
+    for file in sorted(src.rglob("*")):
+        if file.is_file() and file.name not in SKIP:
+            target = dst / file.relative_to(src)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(file, target)
+    report_path = src / "train_report.json"
+    report = json.loads(report_path.read_text()) if report_path.exists() else {}
+    files = {str(f.relative_to(dst)): {"sha256": sha256(f), "bytes": f.stat().st_size}
+             for f in sorted(dst.rglob("*")) if f.is_file()}
+    entry = {"path": name, "command": command, "recipe": recipe, **report, "files": files}
+    man_path = zoo / "manifest.json"
+    man = json.loads(man_path.read_text()) if man_path.exists() else {"models": {}}
+    man["models"][name] = entry
+    man_path.write_text(json.dumps(man, indent=2, sort_keys=True) + "\n")
+    return entry
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--name", required=True, help="folder name under zoo/ (target, draft, medusa, eagle, ...)")
+    ap.add_argument("--source", required=True, help="the trained model folder (a run's final/ or export_dir)")
+    ap.add_argument("--recipe", required=True, help="the recipe YAML the run used")
+    ap.add_argument("--command", required=True, help="the exact command that trained it")
+    args = ap.parse_args(argv)
+    entry = ship(args.name, args.source, args.recipe, args.command)
+    total = sum(f["bytes"] for f in entry["files"].values())
+    print(f"shipped {args.name}: {len(entry['files'])} files, {total / 1e6:.1f} MB")
+
+
+if __name__ == "__main__":
+    main()
