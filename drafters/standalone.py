@@ -41,7 +41,9 @@ class StandaloneDrafter:
     needs_hidden_states = False
 
     def __init__(self, model, k: int = 4, top_k: int = 1, total_tokens: int | None = None,
-                 temperature: float = 1.0, seed: int | None = None):
+                 temperature: float = 1.0, seed: int | None = None, target=None):
+        if target is not None:
+            check_same_vocabulary(target, model)
         if k < 1:
             raise ValueError(f"draft length k must be >= 1, got {k}")
         if top_k < 1:

@@ -42,8 +42,9 @@ def load_target(name_or_path: str | None = None, dtype=torch.float32):
     return load_model(path, dtype=dtype), AutoTokenizer.from_pretrained(path)
 
 
-def make_drafter(method: str, target, path: str | None = None, **flags) -> Drafter:
+def make_drafter(method: str, target, path: str | None = None, tokenizer=None, **flags) -> Drafter:
     """A drafter by method name. `path`: the draft model / heads to load (None: the shipped default).
+    `tokenizer`: the target's, to check a standalone draft's tokenizer against it.
     Flags go to the drafter's constructor (k, top_k, total_tokens, depth, tree_size, ngram, window, ...)."""
     if method in ("none", "plain"):
         return NoDrafter()
@@ -54,9 +55,14 @@ def make_drafter(method: str, target, path: str | None = None, **flags) -> Draft
     if method == "standalone":
         from drafters.standalone import StandaloneDrafter, check_same_vocabulary
 
-        draft = load_model(path, default="draft", dtype=target.dtype).to(target.device)
-        check_same_vocabulary(target, draft, target_name="target", draft_name=path or "the default draft")
-        return StandaloneDrafter(draft, **flags)
+        from transformers import AutoTokenizer
+
+        draft_path = _resolve(path, "draft")
+        draft = load_model(draft_path, dtype=target.dtype).to(target.device)
+        draft_tok = AutoTokenizer.from_pretrained(draft_path) if tokenizer is not None else None
+        check_same_vocabulary(target, draft, tokenizer, draft_tok, target_name="target",
+                              draft_name=path or "the default draft")
+        return StandaloneDrafter(draft, **flags)  # vocabularies checked just above
     if method == "medusa":
         from drafters.medusa import MedusaDrafter
 

@@ -27,16 +27,17 @@ def sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def manifest(zoo: Path = ZOO) -> dict:
-    path = zoo / "manifest.json"
+def manifest(zoo: Path | None = None) -> dict:
+    path = Path(zoo or ZOO) / "manifest.json"
     if not path.exists():
         raise ZooError(f"no manifest at {path}: the default models are missing; train them with the recipes "
                        "under recipes/ (see README) or pass your own model")
     return json.loads(path.read_text())
 
 
-def verified_path(name: str, zoo: Path = ZOO) -> str:
+def verified_path(name: str, zoo: Path | None = None) -> str:
     """The folder of shipped model `name` after checking every file's sha256."""
+    zoo = Path(zoo or ZOO)
     entry = manifest(zoo).get("models", {}).get(name)
     if entry is None:
         raise ZooError(f"the default model family has no {name!r}; it has {sorted(manifest(zoo).get('models', {}))}")
@@ -52,7 +53,7 @@ def verified_path(name: str, zoo: Path = ZOO) -> str:
     return str(folder)
 
 
-def available(zoo: Path = ZOO) -> list[str]:
+def available(zoo: Path | None = None) -> list[str]:
     try:
         return sorted(manifest(zoo).get("models", {}))
     except ZooError:

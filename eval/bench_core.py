@@ -79,6 +79,9 @@ def main(argv=None):
           f"draft {sum(p.numel() for p in draft.parameters()) / 1e6:.1f}M, {torch.get_num_threads()} threads")
 
     cost = verify_cost(target, 256, (1, 8, 32, 64), args.reps)
+    draft_step = verify_cost(draft, 256, (), args.reps)[0]
+    print(f"\none step at a 256-token context: target {cost[0]:.2f} ms, draft {draft_step:.2f} ms, "
+          f"phi = {draft_step / cost[0]:.3f}")
     print("\nverification forward at a 256-token context (median ms)")
     print(f"{'tree nodes':>10} {'ms':>8} {'x plain step':>13}")
     for n, ms in cost.items():

@@ -73,7 +73,7 @@ def machine() -> str:
             f"Python {platform.python_version()}")
 
 
-def build_methods(args, target):
+def build_methods(args, target, tokenizer):
     """(method, its peer method or None) in table order."""
     n, eos = args.max_new_tokens, None
     sampling = dk.Sampling(temperature=args.temperature, top_p=args.top_p)
@@ -102,7 +102,7 @@ def build_methods(args, target):
         elif name == "medusa":
             flags = {"tree_size": args.medusa_tree_size} if args.medusa_tree_size else {}
             path = args.medusa
-        drafter = dk.make_drafter(name, target, path, **flags)
+        drafter = dk.make_drafter(name, target, path, tokenizer=tokenizer, **flags)
         methods.append(Method(name, ours(drafter), draft_params=params(drafter)))
         if args.no_peers or args.temperature > 0:
             continue
@@ -150,7 +150,7 @@ def main(argv=None):
         tasks = load_jsonl(args.prompts_file, tok, args.prompts)
     else:
         tasks = build_tasks(tok, [t.strip() for t in args.tasks.split(",")], args.prompts, args.prompt_len, args.seed)
-    methods = build_methods(args, target)
+    methods = build_methods(args, target, tok)
     total = sum(len(p) for p in tasks.values()) * len(methods) * args.repeats
     rows = []
     with tqdm(total=total, desc="compare", unit="run") as bar:

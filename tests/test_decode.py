@@ -180,3 +180,19 @@ def test_sampling_through_drafts_follows_the_target(drafter_name):
         f_exp = torch.cat([f_exp, expected[~keep].sum()[None]])
     f_exp = f_exp * f_obs.sum() / f_exp.sum()
     assert chisquare(f_obs.numpy(), f_exp.numpy()).pvalue > 1e-3
+
+
+def test_standalone_checks_the_vocabulary_against_its_target():
+    with pytest.raises(ValueError, match="vocabulary mismatch"):
+        StandaloneDrafter(tiny_model("llama", vocab=32), k=2, target=tiny_model("llama"))
+
+
+def test_tokenizer_mismatch_names_both_tokenizers():
+    from train.data import train_tokenizer
+
+    a = train_tokenizer(["def f(x): return x"] * 50, vocab_size=300)
+    b = train_tokenizer(["the quick brown fox jumps"] * 50, vocab_size=300)
+    model = tiny_model("llama")
+    check_same_vocabulary(model, model, a, a)  # same tokenizer: fine
+    with pytest.raises(ValueError, match="tokenizer mismatch.*target.*draft"):
+        check_same_vocabulary(model, model, a, b)

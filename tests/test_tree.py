@@ -75,3 +75,14 @@ def test_tree_forward_equals_each_path_run_alone(arch):
             path = TREE.tokens[path_slots(TREE, node)]
             ref = model(input_ids=torch.cat([prompt, path])[None]).logits[0, -1]
             assert torch.allclose(logits[node + 1], ref, atol=TOL), (arch, node, (logits[node + 1] - ref).abs().max())
+
+
+def test_model_without_tree_attention_gets_a_clear_error(monkeypatch):
+    from verify.forward import TreeAttentionUnsupported
+
+    model = tiny_model("llama")
+    model._draftkit_tree_ok = False  # as if the probe had found wrong tree logits
+    ver = Verifier(model)
+    ver.forward(torch.tensor([1, 2, 3]), DraftTree.chain(torch.tensor([4, 5])).validate(), hidden=False)  # chains run
+    with pytest.raises(TreeAttentionUnsupported, match="LlamaForCausalLM.*chain"):
+        ver.forward(torch.tensor([1]), TREE, hidden=False)

@@ -23,7 +23,8 @@ from draftkit.zoo import ZOO, sha256  # noqa: E402
 SKIP = {"train_report.json", "training_args.bin"}
 
 
-def ship(name: str, source: str, recipe: str, command: str, zoo: Path = ZOO) -> dict:
+def ship(name: str, source: str, recipe: str, command: str, zoo: Path | None = None) -> dict:
+    zoo = Path(zoo or ZOO)
     src, dst = Path(source), zoo / name
     if not src.is_dir():
         raise FileNotFoundError(f"{src} is not a model folder")

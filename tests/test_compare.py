@@ -1,0 +1,30 @@
+"""eval/compare.py --quick end to end on the shipped default models."""
+import json
+import subprocess
+import sys
+
+import pytest
+
+from draftkit.zoo import available
+
+ROW_KEYS = {"drafter", "task", "tau", "acceptance_by_depth", "tokens_per_s", "speedup", "lossless"}
+
+
+@pytest.mark.skipif(not {"target", "draft", "medusa", "eagle"} <= set(available()),
+                    reason="the default models are not in zoo/")
+def test_quick_compare_runs_and_nothing_is_lost(tmp_path):
+    out = tmp_path / "quick.json"
+    proc = subprocess.run([sys.executable, "eval/compare.py", "--quick", "--drafters", "all", "--json", str(out),
+                           "--plots", str(tmp_path / "plots")], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(out.read_text())
+    rows = report["rows"]
+    assert {r["drafter"] for r in rows} >= {"plain", "standalone", "medusa", "eagle", "lookahead"}
+    for row in rows:
+        assert ROW_KEYS <= set(row), row
+        assert row["lossless"] is True, row  # greedy: every output identical to plain decoding
+        assert row["tokens_per_s"] > 0
+    drafted = [r for r in rows if r["kind"] == "draftkit"]
+    assert all(r["tau"] >= 1.0 and r["acceptance_by_depth"] for r in drafted)
+    assert any(r["tau"] > 1.2 for r in drafted)  # trained drafters are accepted
+    assert (tmp_path / "plots" / "speedup.png").exists()

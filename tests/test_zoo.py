@@ -1,0 +1,60 @@
+"""The shipped-model manifest: hashes checked on load, clear errors, and the three-line API."""
+import pytest
+import torch
+from transformers import AutoTokenizer
+
+import draftkit as dk
+import draftkit.zoo as zoo_mod
+from tests.models import tiny_model
+from train.ship import ship
+
+
+@pytest.fixture()
+def tiny_zoo(tmp_path, monkeypatch):
+    """A zoo holding a tiny target and draft with the project's tokenizer."""
+    tok = AutoTokenizer.from_pretrained("zoo/tokenizer")
+    for name, hidden, layers in (("target", 32, 2), ("draft", 16, 1)):
+        src = tmp_path / f"src-{name}"
+        tiny_model("llama", vocab=len(tok), hidden=hidden, layers=layers, seed=len(name)).save_pretrained(src)
+        tok.save_pretrained(src)
+        ship(name, str(src), "recipes/zoo/target.yaml", "test", zoo=tmp_path / "zoo")
+    monkeypatch.setattr(zoo_mod, "ZOO", tmp_path / "zoo")
+    return tmp_path / "zoo"
+
+
+def test_manifest_records_hashes_and_provenance(tiny_zoo):
+    entry = zoo_mod.manifest()["models"]["target"]
+    assert entry["command"] == "test" and entry["recipe"] == "recipes/zoo/target.yaml"
+    assert all(len(f["sha256"]) == 64 for f in entry["files"].values())
+    assert zoo_mod.available() == ["draft", "target"]
+
+
+def test_three_line_api(tiny_zoo):
+    target, tok = dk.load_target()
+    out = dk.generate(target, tok("def add(a, b):").input_ids, dk.make_drafter("standalone", target, k=3),
+                      max_new_tokens=12, eos_token_id=[])
+    assert out.tokens.numel() == 12 and out.lossless
+    plain = dk.generate(target, tok("def add(a, b):").input_ids, max_new_tokens=12, eos_token_id=[])
+    assert out.tokens.tolist() == plain.tokens.tolist()
+
+
+def test_corrupt_file_is_a_clear_error(tiny_zoo):
+    weights = tiny_zoo / "target" / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-1] ^= 0xFF
+    weights.write_bytes(bytes(data))
+    with pytest.raises(zoo_mod.ZooError, match="corrupt"):
+        dk.load_target()
+
+
+def test_missing_file_and_missing_model_are_clear_errors(tiny_zoo):
+    (tiny_zoo / "draft" / "config.json").unlink()
+    with pytest.raises(zoo_mod.ZooError, match="missing"):
+        zoo_mod.verified_path("draft")
+    with pytest.raises(zoo_mod.ZooError, match="has no 'medusa'"):
+        zoo_mod.verified_path("medusa")
+
+
+def test_unknown_drafter_name():
+    with pytest.raises(ValueError, match="unknown drafter 'eagel'"):
+        dk.make_drafter("eagel", tiny_model("llama"))
