@@ -92,12 +92,15 @@ class DecodeState:
     tokens:   (T,) long  all committed tokens (prompt + generated); tokens[-1] is the root
     budget:   tokens still allowed; a tree deeper than budget - 1 wastes work
     greedy:   True when acceptance is greedy (drafters may then skip computing q)
+    temperature: the sampling temperature of p; a sampled draft is most often accepted when its
+              q uses the same one
     """
 
     tokens: torch.Tensor
     prompt_len: int
     budget: int
     greedy: bool
+    temperature: float = 1.0
 
 
 @dataclass

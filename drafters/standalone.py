@@ -34,14 +34,15 @@ class StandaloneDrafter:
     """Chain of `k` tokens (top_k == 1) or an EAGLE-2 style dynamic tree from a small model.
 
     k: draft depth; top_k: children expanded per node (1 = chain); total_tokens: tree size cap.
-    In sampling mode a chain is sampled from the draft (q returned); trees are deterministic
+    In sampling mode a chain is sampled from the draft at `temperature` (default: the sampling
+    temperature) and q returned; trees are deterministic
     top-k proposals (one-hot q), which keeps acceptance lossless either way.
     """
 
     needs_hidden_states = False
 
     def __init__(self, model, k: int = 4, top_k: int = 1, total_tokens: int | None = None,
-                 temperature: float = 1.0, seed: int | None = None, target=None):
+                 temperature: float | None = None, seed: int | None = None, target=None):
         if target is not None:
             check_same_vocabulary(target, model)
         if k < 1:
@@ -86,7 +87,8 @@ class StandaloneDrafter:
                             logits_to_keep=1).logits[0, -1]
         self.cache_len, self.run = state.tokens.numel(), 0
         if self.top_k == 1:
-            tree = sample_chain(logits, self._forward, depth, state.greedy, self.gen, self.temperature)
+            tree = sample_chain(logits, self._forward, depth, state.greedy, self.gen,
+                                self.temperature or state.temperature)
         else:
             tree = dynamic_tree(logits, self._forward, depth, self.top_k, self.total_tokens)
         return tree

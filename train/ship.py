@@ -28,14 +28,15 @@ def ship(name: str, source: str, recipe: str, command: str, zoo: Path | None = N
     src, dst = Path(source), zoo / name
     if not src.is_dir():
         raise FileNotFoundError(f"{src} is not a model folder")
-    if dst.exists():
-        shutil.rmtree(dst)
-    dst.mkdir(parents=True)
-    for file in sorted(src.rglob("*")):
-        if file.is_file() and file.name not in SKIP:
-            target = dst / file.relative_to(src)
-            target.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(file, target)
+    if src.resolve() != dst.resolve():  # a folder already in zoo/ (the tokenizer) is only recorded
+        if dst.exists():
+            shutil.rmtree(dst)
+        dst.mkdir(parents=True)
+        for file in sorted(src.rglob("*")):
+            if file.is_file() and file.name not in SKIP:
+                target = dst / file.relative_to(src)
+                target.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(file, target)
     report_path = src / "train_report.json"
     report = json.loads(report_path.read_text()) if report_path.exists() else {}
     files = {str(f.relative_to(dst)): {"sha256": sha256(f), "bytes": f.stat().st_size}

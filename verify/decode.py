@@ -87,7 +87,8 @@ def generate(model, input_ids, drafter: Drafter | None = None, max_new_tokens: i
         budget = max_new_tokens - (len(tokens) - prompt.numel())
         t0 = time.perf_counter()
         if stats.steps:
-            state = DecodeState(torch.tensor(tokens, device=prompt.device), prompt.numel(), budget, sampling.greedy)
+            state = DecodeState(torch.tensor(tokens, device=prompt.device), prompt.numel(), budget, sampling.greedy,
+                                sampling.temperature or 1.0)
             tree = drafter.propose(state).validate(verifier.vocab_size)
         else:
             tree = DraftTree.empty(prompt.device).validate()

@@ -1,0 +1,300 @@
+"""EAGLE: a feature-level draft model over the target's own hidden states (Li et al. 2024).
+
+The draft runs on pairs. Pair t is (f_t, x_{t+1}): the target's feature at
+position t and the embedding of the token that followed it, mixed by
+fc([emb(x_{t+1}); f_t]) (Linear 2H -> H) and sent through ONE decoder layer of
+the target's architecture (with its own final norm), at rotary position t. Its
+output f^_{t+1} predicts the target's feature at position t + 1; the target's
+frozen LM head turns it into a distribution over x_{t+2}. The embedding table
+and the LM head are the target's: referenced, never saved with the draft.
+
+Features. EAGLE-1/2: f_t = the target's last hidden state (transformers'
+hidden_states[-1], the final-norm output, so lm_head(f) are the target's
+logits). EAGLE-3: f_t = Linear(nH -> H) over the concatenation of several
+hidden states (feature_layers, e.g. a low, a middle and the last one).
+
+Decoding. After every verification the draft cache holds one pair per
+committed position but the root: the last one is (f_last, root) and its output
+f^_root gives the root's children. Tree nodes go in as (f^_parent, emb(node))
+at position root + depth - 1 through drafters.tree_search (EAGLE-2 dynamic
+tree, or a chain, sampled with q in sampling mode). On update the nodes'
+entries are dropped, accepted ones included: they are recomputed from the TRUE
+target features of the kept positions (as EAGLE does), in one draft forward.
+
+Saved folder: config.json (sizes, feature_layers, target name and the
+architecture of the draft layer) + model.safetensors (fp16; loaded as fp32).
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, field
+from typing import Sequence
+
+import torch
+from torch import nn
+from transformers import AutoConfig, AutoModel, DynamicCache
+
+from drafters.base import DecodeState, DraftTree, StepResult
+from drafters.tree_search import dynamic_tree, sample_chain
+from verify.cache import compact
+
+CONFIG_NAME = "config.json"
+WEIGHTS_NAME = "model.safetensors"
+
+
+def _text_config(target):
+    cfg = target.config
+    return cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+
+
+def _target_name(target) -> str:
+    return str(getattr(target.config, "_name_or_path", "") or getattr(target, "name_or_path", "") or "")
+
+
+def target_shape(target) -> tuple[int, int, int]:
+    """(hidden size, vocabulary size, decoder layers) of a causal LM."""
+    cfg = _text_config(target)
+    vocab = target.get_output_embeddings().weight.shape[0]
+    return int(cfg.hidden_size), int(vocab), int(cfg.num_hidden_layers)
+
+
+def normalize_layers(feature_layers: Sequence[int] | None, num_layers: int) -> list[int]:
+    """Indices into the hidden-states tuple (0 = embeddings, num_layers = final-norm output);
+    negative ones count from the end. None or [] means [num_layers] (EAGLE-1/2)."""
+    n_states = num_layers + 1
+    layers = list(feature_layers) if feature_layers else [num_layers]
+    out = []
+    for i in layers:
+        j = int(i) + n_states if int(i) < 0 else int(i)
+        if not 0 <= j < n_states:
+            raise ValueError(f"feature layer {i} is out of range for a target with {num_layers} layers "
+                             f"({n_states} hidden states: 0 = embeddings .. {num_layers} = last)")
+        out.append(j)
+    if len(set(out)) != len(out):
+        raise ValueError(f"feature_layers repeat a layer: {layers} -> {out}")
+    return out
+
+
+@dataclass
+class EagleConfig:
+    hidden_size: int
+    vocab_size: int
+    num_target_layers: int
+    feature_layers: list[int]
+    target_name: str = ""
+    layer_config: dict = field(default_factory=dict)  # the target's config: architecture of the draft layer
+    kind: str = "eagle"
+
+    @classmethod
+    def from_target(cls, target, feature_layers: Sequence[int] | None = None) -> "EagleConfig":
+        hidden, vocab, layers = target_shape(target)
+        layer_config = _text_config(target).to_dict()
+        for key in ("id2label", "label2id", "architectures", "transformers_version", "_name_or_path"):
+            layer_config.pop(key, None)
+        return cls(hidden, vocab, layers, normalize_layers(feature_layers, layers), _target_name(target),
+                   layer_config)
+
+    @property
+    def eagle3(self) -> bool:
+        return len(self.feature_layers) > 1
+
+
+def _build_layer(layer_config: dict) -> nn.Module:
+    """A one-layer base model (decoder layer, rotary embedding, final norm) of the target's architecture,
+    without its token embedding: it takes inputs_embeds, a KV cache, 4D masks and position ids."""
+    conf = dict(layer_config)
+    model_type = conf.pop("model_type")
+    if isinstance(conf.get("layer_types"), list):
+        conf["layer_types"] = conf["layer_types"][:1]
+    conf.update(num_hidden_layers=1, use_cache=True)
+    cfg = AutoConfig.for_model(model_type, **conf)
+    base = AutoModel.from_config(cfg, dtype=torch.float32)
+    if not hasattr(base, "layers"):
+        raise ValueError(f"EAGLE needs a decoder-only architecture with a .layers list; {type(base).__name__} has none")
+    base.set_input_embeddings(None)  # the target's embedding table is used instead
+    return base
+
+
+class EagleDraftModel(nn.Module):
+    """fc([emb(x_{t+1}); f_t]) -> one decoder layer -> final norm: predicts f_{t+1} (hidden size H)."""
+
+    def __init__(self, config: EagleConfig):
+        super().__init__()
+        self.config = config
+        h, n = config.hidden_size, len(config.feature_layers)
+        self.fuse = nn.Linear(n * h, h, bias=False) if n > 1 else None  # EAGLE-3 low/mid/high fusion
+        self.fc = nn.Linear(2 * h, h, bias=True)
+        self.body = _build_layer(config.layer_config)
+
+    @classmethod
+    def from_target(cls, target, feature_layers: Sequence[int] | None = None,
+                    init_from_target: bool = False) -> "EagleDraftModel":
+        """A fresh draft for `target`. Its final norm starts as the target's; with init_from_target
+        the decoder layer starts as a copy of the target's last layer."""
+        draft = cls(EagleConfig.from_target(target, feature_layers))
+        base = target.get_decoder() if hasattr(target, "get_decoder") else target.model
+        with torch.no_grad():
+            norm = getattr(base, "norm", None)
+            if norm is not None and hasattr(draft.body, "norm"):
+                draft.body.norm.load_state_dict(norm.state_dict())
+            if init_from_target:
+                draft.body.layers[0].load_state_dict(base.layers[-1].state_dict())
+        return draft.float()
+
+    # --- features -------------------------------------------------------------------------------
+    def select(self, hidden: Sequence[torch.Tensor]) -> torch.Tensor:
+        """The draft's input features from a hidden-states tuple: (..., H) or (..., nH) for EAGLE-3."""
+        if len(hidden) != self.config.num_target_layers + 1:
+            raise ValueError(f"expected {self.config.num_target_layers + 1} hidden states (embeddings + "
+                             f"{self.config.num_target_layers} layers), got {len(hidden)}")
+        feats = [hidden[i] for i in self.config.feature_layers]
+        return feats[0] if len(feats) == 1 else torch.cat(feats, -1)
+
+    def forward(self, features: torch.Tensor, embeds: torch.Tensor, cache=None, attention_mask=None,
+                position_ids=None) -> torch.Tensor:
+        """features (B, T, H) (the draft's own outputs, or EAGLE-1/2 target features) or (B, T, nH)
+        (raw EAGLE-3 target features, fused here); embeds (B, T, H) of the next tokens.
+        Returns (B, T, H): the predicted next features."""
+        features = features.to(self.fc.weight.dtype)
+        if self.fuse is not None and features.shape[-1] != self.config.hidden_size:
+            features = self.fuse(features)
+        x = self.fc(torch.cat([embeds.to(features.dtype), features], -1))
+        out = self.body(inputs_embeds=x, cache=cache, use_cache=cache is not None,
+                        attention_mask=attention_mask, position_ids=position_ids)
+        return out.last_hidden_state
+
+    # --- compatibility and files ----------------------------------------------------------------
+    def check_target(self, target) -> None:
+        """Raise ValueError when this draft was made for a target of another shape."""
+        c = self.config
+        hidden, vocab, layers = target_shape(target)
+        if (hidden, vocab, layers) != (c.hidden_size, c.vocab_size, c.num_target_layers):
+            made = c.target_name or "an unnamed target"
+            name = _target_name(target) or type(target).__name__
+            raise ValueError(
+                f"EAGLE draft mismatch: the draft was made for {made} (hidden size {c.hidden_size}, vocabulary "
+                f"{c.vocab_size}, {c.num_target_layers} layers) but the target {name} has hidden size {hidden}, "
+                f"vocabulary {vocab}, {layers} layers; train a draft for this target with train/eagle.py")
+
+    def save_pretrained(self, path: str, dtype: torch.dtype = torch.float16) -> None:
+        from safetensors.torch import save_file
+
+        os.makedirs(path, exist_ok=True)
+        state = {k: v.detach().to("cpu", dtype).contiguous() for k, v in self.state_dict().items()}
+        save_file(state, os.path.join(path, WEIGHTS_NAME), metadata={"format": "pt", "kind": "eagle"})
+        with open(os.path.join(path, CONFIG_NAME), "w") as fh:
+            json.dump(asdict(self.config), fh, indent=2)
+
+    @classmethod
+    def from_pretrained(cls, path: str) -> "EagleDraftModel":
+        from safetensors.torch import load_file
+
+        cfg_path = os.path.join(path, CONFIG_NAME)
+        if not os.path.exists(cfg_path):
+            raise FileNotFoundError(f"{path} holds no EAGLE draft ({CONFIG_NAME} missing)")
+        with open(cfg_path) as fh:
+            raw = json.load(fh)
+        if raw.get("kind") != "eagle":
+            raise ValueError(f"{path} is not an EAGLE draft folder (kind={raw.get('kind')!r})")
+        draft = cls(EagleConfig(**raw))
+        state = {k: v.float() for k, v in load_file(os.path.join(path, WEIGHTS_NAME)).items()}
+        missing, unexpected = draft.load_state_dict(state, strict=False)
+        missing = [k for k in missing if "rotary" not in k and "inv_freq" not in k]
+        if missing or unexpected:
+            raise ValueError(f"{path}: weights do not match the draft config (missing {missing}, "
+                             f"unexpected {unexpected})")
+        return draft.float()
+
+
+class EagleDrafter:
+    """EAGLE-2 dynamic tree (or a chain) from an EAGLE draft model over the target's features.
+
+    depth: draft depth; top_k: children expanded per frontier node; total_tokens: tree size cap;
+    chain: a single chain of `depth` tokens instead (sampled from q in sampling mode).
+    temperature: the draft's q temperature for sampled chains (default: the sampling temperature).
+    """
+
+    needs_hidden_states = True
+
+    def __init__(self, target, draft: EagleDraftModel, depth: int = 5, top_k: int = 8, total_tokens: int = 48,
+                 chain: bool = False, temperature: float | None = None, seed: int | None = None):
+        if depth < 1:
+            raise ValueError(f"draft depth must be >= 1, got {depth}")
+        if top_k < 1 or total_tokens < 1:
+            raise ValueError(f"top_k and total_tokens must be >= 1, got {top_k} and {total_tokens}")
+        if temperature is not None and temperature <= 0:
+            raise ValueError(f"the draft temperature must be > 0, got {temperature}")
+        draft.check_target(target)
+        self.target = target
+        self.embed = target.get_input_embeddings()
+        self.head = target.get_output_embeddings()
+        self.device = self.head.weight.device
+        self.draft = draft.to(self.device).eval()
+        self.dtype = next(draft.parameters()).dtype
+        self.depth, self.chain = depth, chain
+        self.top_k = min(top_k, draft.config.vocab_size)
+        self.total_tokens = total_tokens
+        self.temperature = temperature
+        self.gen = torch.Generator().manual_seed(seed) if seed is not None else None
+        self.reset(None)
+
+    @classmethod
+    def from_pretrained(cls, path: str, target, **tree_flags) -> "EagleDrafter":
+        return cls(target, EagleDraftModel.from_pretrained(path), **tree_flags)
+
+    def reset(self, prompt) -> None:
+        self.cache = DynamicCache(config=self.draft.body.config)
+        self.cache_len = 0  # committed pairs in the draft cache (committed tokens - 1)
+        self.run = 0  # tree-node entries appended after them this step
+        self.bank = None  # row 0: f^ at the root; row e + 1: output of the e-th node run this step
+
+    def _logits(self, feats: torch.Tensor) -> torch.Tensor:
+        return self.head(feats.to(self.head.weight.dtype))
+
+    def _forward(self, tokens, parent_ids, tree_mask, depths):
+        """tree_search's forward: nodes go in as (f^_parent, emb(token)) on top of the draft cache."""
+        k = tokens.numel()
+        run = tree_mask.shape[1] - k
+        if run:  # a node's parent is its last ancestor run (ancestors run in depth order); none: the root
+            src = (tree_mask[:, :run].long() * torch.arange(1, run + 1)).max(1).values
+        else:
+            src = torch.zeros(k, dtype=torch.long)
+        feats = self.bank.index_select(0, src.to(self.device))
+        emb = self.embed(tokens.to(self.device))
+        kwargs = {}
+        if not bool(tree_mask.all()):  # a chain needs only the causal mask and default positions
+            allowed = torch.cat([torch.ones(k, self.cache_len, dtype=torch.bool), tree_mask], 1)
+            mask = torch.zeros(allowed.shape, dtype=self.dtype).masked_fill_(~allowed, torch.finfo(self.dtype).min)
+            kwargs = dict(attention_mask=mask[None, None].to(self.device),
+                          position_ids=(self.cache_len - 1 + depths)[None].to(self.device))
+        out = self.draft(feats[None], emb[None], cache=self.cache, **kwargs)[0]
+        self.bank = torch.cat([self.bank, out])
+        self.run += k
+        return self._logits(out)
+
+    @torch.no_grad()
+    def propose(self, state: DecodeState) -> DraftTree:
+        depth = min(self.depth, state.budget - 1)
+        if depth < 1 or self.bank is None:
+            return DraftTree.empty(state.tokens.device)
+        self.bank = self.bank[:1]
+        root_logits = self._logits(self.bank[0])
+        if self.chain:
+            return sample_chain(root_logits, self._forward, depth, state.greedy, self.gen,
+                                self.temperature or state.temperature)
+        return dynamic_tree(root_logits, self._forward, depth, self.top_k, self.total_tokens)
+
+    @torch.no_grad()
+    def update(self, result: StepResult) -> None:
+        if result.hidden is None:
+            raise ValueError("EagleDrafter needs the target's hidden states (needs_hidden_states = True)")
+        if self.run:  # drop every node entry: accepted ones are recomputed from true features below
+            self.cache_len = compact(self.cache, self.cache_len, 0, self.run, [])
+            self.run = 0
+        fed = result.fed_tokens.to(self.device)
+        nxt = torch.cat([fed[1:], result.new_tokens[-1:].to(self.device)])  # x_{t+1} for each kept position t
+        feats = self.draft.select(result.hidden)
+        out = self.draft(feats[None], self.embed(nxt)[None], cache=self.cache)[0]
+        self.cache_len += fed.numel()
+        self.bank = out[-1:]  # f^ at the root (the bonus token)

@@ -1,0 +1,368 @@
+"""EAGLE drafter and its training recipe, on tiny random Llama targets (no downloads).
+
+The "oracle" draft copies a one-layer target: fc passes the token embedding through
+(features ignored), the draft layer and final norm are the target's. It then predicts
+the target's next feature almost exactly (it only misses the first prompt token, which
+it never sees as an input), so it accepts deep and exercises multi-token cache updates.
+"""
+from __future__ import annotations
+
+import glob
+import json
+import os
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from drafters.eagle import EagleConfig, EagleDraftModel, EagleDrafter
+from verify.accept import Sampling
+from verify.decode import generate
+from verify.tree import path_slots
+
+torch.set_num_threads(1)
+
+
+def tiny_target(layers=2, vocab=64, hidden=32, seed=0, logit_scale=1.0):
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(vocab_size=vocab, hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=4,
+                      num_key_value_heads=2, intermediate_size=64, max_position_embeddings=512)
+    model = LlamaForCausalLM(cfg).eval()
+    if logit_scale != 1.0:  # a peaked target, so that text and acceptance depend on the draft
+        with torch.no_grad():
+            model.lm_head.weight.mul_(logit_scale)
+    return model
+
+
+def oracle_draft(target, feature_layers=None, feature_mix: float = 0.0) -> EagleDraftModel:
+    """feature_mix > 0 adds a random share of the input feature, so that the features matter (a wrong
+    feature / token pairing then shows) while the draft still accepts often."""
+    assert target.config.num_hidden_layers == 1
+    torch.manual_seed(1)
+    draft = EagleDraftModel.from_target(target, feature_layers, init_from_target=True)
+    h = target.config.hidden_size
+    with torch.no_grad():
+        draft.fc.weight.zero_()
+        draft.fc.bias.zero_()
+        draft.fc.weight[:, :h] = torch.eye(h)  # input = [emb; feature] -> emb
+        draft.fc.weight[:, h:] = feature_mix * torch.randn(h, h) / h ** 0.5
+    return draft
+
+
+@pytest.fixture(scope="module")
+def target2():
+    return tiny_target(layers=2, seed=0)
+
+
+@pytest.fixture(scope="module")
+def target1():
+    return tiny_target(layers=1, seed=3, logit_scale=20.0)
+
+
+PROMPTS = [torch.tensor([5]), torch.tensor([3, 17, 42, 8, 8, 61, 0, 9]), torch.arange(20) % 7 + 30]
+
+
+# --- (1) greedy output equals plain greedy decoding ----------------------------------------------------
+
+@pytest.mark.parametrize("kind", ["tree", "chain", "eagle3-tree", "eagle3-chain"])
+def test_greedy_matches_plain_random_draft(target2, kind):
+    torch.manual_seed(7)
+    layers = [0, 1, -1] if kind.startswith("eagle3") else None
+    draft = EagleDraftModel.from_target(target2, layers)
+    drafter = EagleDrafter(target2, draft, depth=4, top_k=3, total_tokens=10, chain=kind.endswith("chain"))
+    for prompt in PROMPTS:
+        for n in (1, 6, 17):
+            ref = generate(target2, prompt, max_new_tokens=n, eos_token_id=[])
+            out = generate(target2, prompt, drafter=drafter, max_new_tokens=n, eos_token_id=[])
+            assert out.tokens.tolist() == ref.tokens.tolist(), (kind, prompt.tolist(), n)
+
+
+@pytest.mark.parametrize("chain", [False, True])
+@pytest.mark.parametrize("layers", [None, [0, 1]])
+def test_greedy_matches_plain_oracle_deep_accepts(target1, chain, layers):
+    drafter = EagleDrafter(target1, oracle_draft(target1, layers), depth=5, top_k=4, total_tokens=16, chain=chain)
+    deep = 0
+    for prompt in PROMPTS:
+        for n in (2, 9, 23):  # budgets that end mid-draft
+            ref = generate(target1, prompt, max_new_tokens=n, eos_token_id=[])
+            out = generate(target1, prompt, drafter=drafter, max_new_tokens=n, eos_token_id=[])
+            assert out.tokens.tolist() == ref.tokens.tolist(), (chain, prompt.tolist(), n)
+            deep += sum(s.accepted >= 2 for s in out.stats.decode_steps)
+    assert deep > 0  # the comparison covered multi-token accepts
+
+
+# --- (2) the draft KV cache: incremental state equals a from-scratch recomputation ---------------------
+
+class Recorder(EagleDrafter):
+    """Keeps, per proposal, the committed tokens, the draft features it computed and the tree."""
+
+    def reset(self, prompt):
+        super().reset(prompt)
+        self.log = getattr(self, "log", [])
+
+    def propose(self, state):
+        tree = super().propose(state)
+        if len(tree):
+            self.log.append((state.tokens.clone(), self.bank.clone(), tree))
+        return tree
+
+
+@torch.no_grad()
+def _from_scratch(target, draft, tokens, path_tokens):
+    """(f^ at the root, f^ at the end of the draft path) computed with no cache at all: a full target
+    forward over the committed tokens, then the draft over every pair, re-run per path node."""
+    embed = target.get_input_embeddings()
+    hs = target(input_ids=tokens[None, :-1], output_hidden_states=True).hidden_states
+    raw = draft.select(hs)[0]
+    feats = draft.fuse(raw) if draft.fuse is not None else raw  # (T - 1, H)
+    toks = tokens[1:]
+    out = draft(feats[None], embed(toks)[None])[0, -1]
+    root = out
+    for tok in path_tokens:  # the node goes in as (f^_parent, token)
+        feats = torch.cat([feats, out[None]])
+        toks = torch.cat([toks, torch.tensor([tok])])
+        out = draft(feats[None], embed(toks)[None])[0, -1]
+    return root, out
+
+
+@pytest.mark.parametrize("chain", [False, True])
+@pytest.mark.parametrize("layers", [None, [0, 1]])
+@pytest.mark.parametrize("greedy", [True, False])
+def test_draft_cache_matches_recomputation(target1, chain, layers, greedy):
+    draft = oracle_draft(target1, layers, feature_mix=0.01)
+    drafter = Recorder(target1, draft, depth=4, top_k=3, total_tokens=9, chain=chain, seed=0)
+    sampling = Sampling() if greedy else Sampling(temperature=1.0)
+    deepest = 0
+    for prompt in PROMPTS[:2]:
+        out = generate(target1, prompt, drafter=drafter, max_new_tokens=20, sampling=sampling, eos_token_id=[], seed=1)
+        stats = out.stats
+        assert stats.new_tokens == 20 and len(out.tokens) == 20
+        for s in stats.decode_steps:
+            assert s.accepted <= s.depth <= 4 and s.drafted <= (4 if chain else 9)
+            assert s.committed == s.accepted + 1 or s is stats.steps[-1]
+        assert stats.tau == pytest.approx(sum(s.accepted + 1 for s in stats.decode_steps) / len(stats.decode_steps))
+        deepest = max([deepest] + [s.accepted for s in stats.decode_steps])
+    assert drafter.log and max(len(t) for _, _, t in drafter.log) > 1
+    assert deepest >= 2  # updates after multi-token accepts are covered
+    checked = 0
+    for tokens, bank, tree in drafter.log[:12]:
+        for node in range(len(tree)):
+            entry = tree.extra[node]
+            if entry < 0:
+                continue
+            path = path_slots(tree, node)
+            root, feat = _from_scratch(target1, draft, tokens, tree.tokens[path].tolist())
+            torch.testing.assert_close(bank[0], root, atol=1e-4, rtol=1e-4)
+            torch.testing.assert_close(bank[entry + 1], feat, atol=1e-4, rtol=1e-4)
+            checked += 1
+    assert checked > 5
+
+
+@pytest.mark.parametrize("chain", [False, True])
+def test_oracle_draft_accepts_deep(target1, chain):
+    drafter = EagleDrafter(target1, oracle_draft(target1), depth=4, top_k=4, total_tokens=16, chain=chain)
+    stats = None
+    for prompt in PROMPTS[1:]:
+        out = generate(target1, prompt, drafter=drafter, max_new_tokens=40, eos_token_id=[])
+        stats = out.stats if stats is None else stats.merge(out.stats)
+    assert stats.tau > 3.0, stats.summary()  # 5.0 at most (depth 4 + bonus)
+    assert stats.acceptance_by_depth()[0] > 0.8
+
+
+# --- (3) sampling through the tree and the sampled chain follows the target exactly --------------------
+
+@torch.no_grad()
+def _exact_joint(target, prompt):
+    """p(x2, x3 | prompt) of the 2nd and 3rd generated tokens, summed over the 1st (brute force)."""
+    v = target.config.vocab_size
+    p1 = target(prompt[None]).logits[0, -1].softmax(-1)
+    ctx2 = torch.cat([prompt.repeat(v, 1), torch.arange(v)[:, None]], 1)
+    p2 = target(ctx2).logits[:, -1].softmax(-1)  # [x1, x2]
+    ctx3 = torch.cat([prompt.repeat(v * v, 1), torch.arange(v).repeat_interleave(v)[:, None],
+                      torch.arange(v).repeat(v)[:, None]], 1)
+    p3 = target(ctx3).logits[:, -1].softmax(-1).view(v, v, v)  # [x1, x2, x3]
+    return (p1[:, None, None] * p2[:, :, None] * p3).sum(0)
+
+
+@pytest.mark.parametrize("chain", [False, True])
+def test_sampling_is_lossless(chain):
+    """The 1st token comes from the prefill; with 4 new tokens the first draft step is a depth-2 tree
+    (or chain) that decides the 2nd and 3rd. Their empirical joint over N seeds must match the exact
+    target joint. Bound 0.07: correct sampling measures 0.03 here; resampling from p instead of the
+    residual after a rejection measures 0.09 (chain) and 0.13 (tree)."""
+    target = tiny_target(layers=1, vocab=16, seed=0, logit_scale=90.0)
+    prompt = torch.tensor([3, 7, 1, 12, 5])
+    exact = _exact_joint(target, prompt)
+    drafter = EagleDrafter(target, oracle_draft(target), depth=3, top_k=4, total_tokens=8, chain=chain, seed=0)
+    n = 2000
+    counts = torch.zeros(16, 16)
+    for s in range(n):
+        out = generate(target, prompt, drafter=drafter, max_new_tokens=4, sampling=Sampling(temperature=1.0),
+                       eos_token_id=[], seed=s)
+        counts[out.tokens[1], out.tokens[2]] += 1
+    tv = 0.5 * (counts / n - exact).abs().sum().item()
+    assert tv < 0.07, tv
+
+
+# --- (5) files and mismatched targets -------------------------------------------------------------------
+
+def test_save_load_roundtrip(tmp_path, target2):
+    torch.manual_seed(0)
+    draft = EagleDraftModel.from_target(target2, [0, 1, -1])
+    draft.save_pretrained(str(tmp_path))
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    assert cfg["hidden_size"] == 32 and cfg["vocab_size"] == 64 and cfg["num_target_layers"] == 2
+    assert cfg["feature_layers"] == [0, 1, 2] and (tmp_path / "model.safetensors").exists()
+    drafter = EagleDrafter.from_pretrained(str(tmp_path), target2, depth=3, top_k=2, total_tokens=6)
+    loaded = drafter.draft
+    assert next(loaded.parameters()).dtype == torch.float32
+    assert not any(k.startswith("embed") or "lm_head" in k for k in loaded.state_dict())
+    for k, v in draft.state_dict().items():
+        torch.testing.assert_close(loaded.state_dict()[k], v.half().float())
+    ref = generate(target2, PROMPTS[1], max_new_tokens=8, eos_token_id=[])
+    assert generate(target2, PROMPTS[1], drafter=drafter, max_new_tokens=8, eos_token_id=[]).tokens.equal(ref.tokens)
+
+
+@pytest.mark.parametrize("other", [dict(hidden=48), dict(vocab=80), dict(layers=3)])
+def test_mismatched_target_raises(tmp_path, target2, other):
+    draft = EagleDraftModel.from_target(target2)
+    draft.config.target_name = "tiny-target-A"
+    draft.save_pretrained(str(tmp_path))
+    wrong = tiny_target(**{"layers": 2, **other})
+    wrong.config._name_or_path = "tiny-target-B"
+    with pytest.raises(ValueError, match="tiny-target-A.*tiny-target-B"):
+        EagleDrafter.from_pretrained(str(tmp_path), wrong)
+    with pytest.raises(ValueError, match="mismatch"):
+        EagleDrafter(wrong, draft)
+
+
+def test_bad_feature_layers(target2):
+    with pytest.raises(ValueError, match="out of range"):
+        EagleConfig.from_target(target2, [0, 5])
+
+
+# --- (4), (6) the training recipe -----------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    """A tiny corpus, tokenizer and peaked target saved like a real one."""
+    import inspect
+    import textwrap
+
+    from train.data import train_tokenizer
+
+    root = tmp_path_factory.mktemp("eagle_train")
+    text = inspect.getsource(json) + inspect.getsource(textwrap)
+    corpus = root / "corpus.txt"
+    corpus.write_text(text[:12000])
+    tok = train_tokenizer(text[:12000].splitlines(), vocab_size=300)
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, intermediate_size=64, max_position_embeddings=256,
+                      eos_token_id=tok.eos_token_id)
+    model = LlamaForCausalLM(cfg)
+    with torch.no_grad():
+        model.lm_head.weight.mul_(20)
+    model.save_pretrained(str(root / "target"))
+    tok.save_pretrained(str(root / "target"))
+    return root
+
+
+def _argv(root, out, steps, *extra):
+    return ["--target", str(root / "target"), "--corpus", str(root / "corpus.txt"), "--cache_dir", str(root / "cache"),
+            "--seq_len", "32", "--batch_size", "8", "--max_steps", str(steps), "--warmup_steps", "2", "--lr", "3e-3",
+            "--eval_every", "1000", "--eval_blocks", "4", "--eval_tau_prompts", "0", "--output_dir", str(out), *extra]
+
+
+def test_training_lowers_losses_and_logs(tiny_run, monkeypatch):
+    from train import eagle as train_eagle
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_DIR", str(tiny_run))
+    out = tiny_run / "run_eagle2"
+    report = train_eagle.main(_argv(tiny_run, out, 30, "--eval_tau_prompts", "1", "--eval_new_tokens", "8"))
+    hist = report["history"]
+    first = {k: sum(h[k] for h in hist[:3]) / 3 for k in ("token_loss_0", "feature_loss_0")}
+    last = {k: sum(h[k] for h in hist[-3:]) / 3 for k in ("token_loss_0", "feature_loss_0")}
+    assert last["token_loss_0"] < first["token_loss_0"] - 0.05, (first, last)
+    assert last["feature_loss_0"] < first["feature_loss_0"] * 0.9, (first, last)
+    assert glob.glob(str(out / "wandb" / "offline-run-*"))
+    final = out / "final"
+    assert (final / "config.json").exists() and (final / "model.safetensors").exists()
+    assert json.loads((final / "train_report.json").read_text())["steps"] == 30
+    assert 0 <= report["heldout_top1"] <= 1 and report["tau"] >= 1.0
+    target = LlamaForCausalLM.from_pretrained(str(tiny_run / "target"))
+    EagleDrafter.from_pretrained(str(final), target)
+
+
+def test_training_eagle3_ttt(tiny_run):
+    from train import eagle as train_eagle
+
+    report = train_eagle.main(_argv(tiny_run, tiny_run / "run_eagle3", 6, "--wandb", "false", "--feature_layers",
+                                    "[0, 1, -1]", "--ttt_steps", "3", "--feature_loss_weight", "0",
+                                    "--token_loss_weight", "1.0", "--cache_features", "true",
+                                    "--feature_cache_batches", "3", "--regenerate", "true", "--regen_blocks", "8",
+                                    "--regen_prompt_len", "8"))
+    assert len(report["heldout_top1_by_step"]) == 3 and report["feature_layers"] == [0, 1, 2]
+    assert {"acc_0", "acc_1", "acc_2"} <= set(report["history"][-1])
+    assert len(os.listdir(glob.glob(str(tiny_run / "cache" / "eagle-feats-*"))[0])) == 3
+
+
+def test_resume_continues_at_the_right_step(tiny_run, monkeypatch):
+    from train import eagle as train_eagle
+
+    args = ("--wandb", "false", "--checkpoint_every", "2")
+    full = train_eagle.main(_argv(tiny_run, tiny_run / "full", 4, *args))
+
+    real_get = train_eagle.FeatureSource.get
+
+    def crash_at_3(self, step):
+        if step == 3:
+            raise KeyboardInterrupt("simulated interruption")
+        return real_get(self, step)
+
+    monkeypatch.setattr(train_eagle.FeatureSource, "get", crash_at_3)
+    with pytest.raises(KeyboardInterrupt):
+        train_eagle.main(_argv(tiny_run, tiny_run / "cut", 4, *args))
+    monkeypatch.setattr(train_eagle.FeatureSource, "get", real_get)
+    resumed = train_eagle.main(_argv(tiny_run, tiny_run / "cut", 4, *args))
+    assert full["resumed_from"] == 0 and resumed["resumed_from"] == 2
+    assert [h["loss"] for h in resumed["history"]] == pytest.approx([h["loss"] for h in full["history"][2:]], rel=1e-5)
+
+
+def test_training_time_test_matches_chain_decoding(target2):
+    """Unrolled step i at index t must be exactly what decoding computes for the depth-i chain node hanging
+    off the committed pairs 0..t (true tokens, the draft's own features): same cache, mask and positions."""
+    from types import SimpleNamespace
+
+    from transformers import DynamicCache
+
+    from train.eagle import EagleLoss
+
+    torch.manual_seed(0)
+    draft = EagleDraftModel.from_target(target2, [0, 1, -1])
+    cfg = SimpleNamespace(ttt_steps=3, ttt_decay=0.8, feature_loss_weight=0.0, token_loss_weight=1.0, feature_noise=0.0)
+    loss_fn = EagleLoss(draft, target2, cfg)
+    ids = torch.randint(0, 64, (2, 12))
+    with torch.no_grad():
+        hs = target2(input_ids=ids, output_hidden_states=True).hidden_states
+    feats, last = draft.select(hs), hs[-1]
+    preds, forward = [], draft.forward
+    draft.forward = lambda *a, **k: preds.append(forward(*a, **k)) or preds[-1]
+    try:
+        res = loss_fn(ids, feats, last, noise=False)
+    finally:
+        del draft.forward
+    assert len(preds) == 3 and {"acc_2", "token_loss_2"} <= set(res)
+    embed = target2.get_input_embeddings()
+    with torch.no_grad():
+        for b in range(2):
+            for t in range(11):
+                cache = DynamicCache(config=draft.body.config)
+                f = draft(feats[b:b + 1, :t + 1], embed(ids[b:b + 1, 1:t + 2]), cache=cache)[:, -1:]
+                torch.testing.assert_close(f[0, 0], preds[0][b, t].detach(), atol=1e-5, rtol=1e-5)
+                for i in (1, 2):
+                    if t + 1 + i >= 12:
+                        break
+                    f = draft(f, embed(ids[b:b + 1, t + 1 + i:t + 2 + i]), cache=cache)[:, -1:]
+                    torch.testing.assert_close(f[0, 0], preds[i][b, t].detach(), atol=1e-5, rtol=1e-5)

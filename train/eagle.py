@@ -1,0 +1,365 @@
+"""Train an EAGLE draft (EAGLE-1/2, or EAGLE-3 features + training-time test) for a frozen target.
+
+    accelerate launch train/eagle.py --config recipes/eagle/eagle2.yaml
+    python train/eagle.py --config recipes/eagle/eagle2.yaml          # one CPU
+    python train/eagle.py --config recipes/eagle/eagle3.yaml
+
+Each step runs the frozen target under no_grad over a batch of token blocks
+(or loads its features from the on-disk cache, cache_features) and trains the
+draft on pairs (f_t, x_{t+1}) -> f_{t+1}:
+  loss = sum_i ttt_decay^i * (feature_loss_weight * SmoothL1(f^, f) +
+                               token_loss_weight * CE(p_target, q_draft))
+where step i > 0 of the training-time test feeds the draft its own predicted
+features (as at decoding time, along a chain) and step 0 the true, noised ones.
+EAGLE-1/2: ttt_steps 1, losses 1.0 / 0.1. EAGLE-3: fused low/mid/high features,
+ttt_steps > 1, feature loss 0. Killed and started again with the same command,
+it resumes from its last checkpoint. At the end it measures held-out draft
+top-1 agreement with the target and the mean accepted length tau of the
+EAGLE-2 tree on held-out prompts, saves the draft folder and prints a JSON report.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+from dataclasses import dataclass
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+from torch import nn  # noqa: E402
+from tqdm import tqdm  # noqa: E402
+from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache  # noqa: E402
+
+from drafters.eagle import EagleDraftModel, EagleDrafter  # noqa: E402
+from train.common import Checkpoints, cosine_lr, field, finish, make_accelerator, parse_config  # noqa: E402
+from train.data import BlockSampler, build_corpus, token_streams  # noqa: E402
+
+
+@dataclass
+class EagleTrainConfig:
+    target: str = field("runs/target/final", "target model (folder or hub name); its tokenizer is used too")
+    corpus: str = field("stdlib", "stdlib, a folder of .py files, a .txt/.json/.jsonl file, or a hub dataset name")
+    text_column: str = field("text", "text column of a json or hub dataset")
+    cache_dir: str = field("runs/cache", "packed token streams, regenerated text and cached features")
+    feature_layers: list = field([], "hidden-state indices the draft reads (0 = embeddings, -1 = last): [] = the "
+                                     "last only (EAGLE-1/2); three, e.g. [1, 3, -1], = EAGLE-3 low/mid/high fusion")
+    ttt_steps: int = field(1, "training-time test: unrolled draft steps on its own features (1 = EAGLE-1/2)")
+    ttt_decay: float = field(0.8, "loss weight of unrolled step i is ttt_decay ** i")
+    init_from_target: bool = field(False, "start the draft's decoder layer as a copy of the target's last layer")
+    seq_len: int = field(256, "training block length in tokens")
+    batch_size: int = field(8, "blocks per optimizer step")
+    lr: float = field(3e-4, "peak learning rate (EAGLE: 3e-5 for 7B targets; small drafts want more)")
+    betas: list = field([0.9, 0.95], "AdamW betas")
+    weight_decay: float = field(0.0, "AdamW weight decay")
+    warmup_steps: int = field(100, "linear warmup steps")
+    max_steps: int = field(1200, "optimizer steps in total")
+    grad_clip: float = field(0.5, "gradient norm clip")
+    feature_noise: float = field(0.2, "width of the uniform noise U(-w/2, w/2) added to the input target features")
+    feature_loss_weight: float = field(1.0, "SmoothL1 loss on the predicted features (EAGLE-3: 0)")
+    token_loss_weight: float = field(0.1, "cross-entropy of the draft against the target's distribution")
+    cache_features: bool = field(False, "store the target's features per batch on disk and reuse them "
+                                        "(default: computed on the fly under no_grad)")
+    feature_cache_batches: int = field(0, "distinct batches in the feature cache, cycled like epochs (0: max_steps)")
+    regenerate: bool = field(False, "train on text the target itself generated from corpus prompts (self-distillation)")
+    regen_blocks: int = field(256, "blocks of regenerated text (prompt + continuation, seq_len tokens each)")
+    regen_prompt_len: int = field(64, "corpus tokens that start each regenerated block")
+    regen_temperature: float = field(1.0, "sampling temperature of the regeneration (0: greedy)")
+    eval_every: int = field(200, "held-out draft accuracy every N steps")
+    eval_blocks: int = field(32, "held-out blocks per evaluation")
+    eval_tau_prompts: int = field(4, "held-out prompts for the final tau measurement (0: skip)")
+    eval_new_tokens: int = field(64, "tokens generated per prompt for tau")
+    checkpoint_every: int = field(100, "checkpoint every N steps (the most work an interruption loses)")
+    output_dir: str = field("runs/eagle2", "checkpoints, W&B run and logs")
+    export_dir: str = field("", "where the draft folder is saved (empty: output_dir/final)")
+    seed: int = field(0, "seed for init, noise and data order")
+    wandb: bool = field(True, "log to Weights & Biases through accelerate (offline unless WANDB_MODE is set)")
+
+
+# --- data -------------------------------------------------------------------------------------------
+
+def _digest(*parts) -> str:
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def target_fingerprint(target) -> str:
+    """A hash of the target's weights and config (keys the regeneration and feature caches)."""
+    h = hashlib.sha256(json.dumps(target.config.to_dict(), sort_keys=True, default=str).encode())
+    for name, p in sorted(target.state_dict().items()):
+        h.update(name.encode())
+        h.update(p.detach().float().cpu().numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+class RowSampler:
+    """Batches of rows of a (N, T) pool, resumable by step (as BlockSampler)."""
+
+    def __init__(self, pool: torch.Tensor, batch_size: int, seed: int = 0):
+        self.pool, self.batch_size, self.seed = pool, batch_size, seed
+
+    def batch(self, step: int) -> torch.Tensor:
+        gen = torch.Generator().manual_seed(self.seed * 1_000_003 + step)
+        return self.pool[torch.randint(0, self.pool.shape[0], (self.batch_size,), generator=gen)].long()
+
+
+@torch.no_grad()
+def regenerate_pool(cfg, target, stream: torch.Tensor, eos_id: int, key: str, acc) -> torch.Tensor:
+    """(regen_blocks, seq_len): corpus prompts continued by the target (cached on disk)."""
+    path = os.path.join(cfg.cache_dir, f"eagle-regen-{key}.pt")
+    if os.path.exists(path):
+        return torch.load(path)
+    prompts = BlockSampler(stream, cfg.regen_prompt_len, cfg.regen_blocks, cfg.seed + 7919).batch(0)
+    new = cfg.seq_len - cfg.regen_prompt_len
+    if new < 1:
+        raise ValueError(f"regen_prompt_len ({cfg.regen_prompt_len}) must be shorter than seq_len ({cfg.seq_len})")
+    sample = dict(do_sample=True, temperature=cfg.regen_temperature, top_k=0, top_p=1.0) \
+        if cfg.regen_temperature > 0 else dict(do_sample=False)
+    rows = []
+    for i in tqdm(range(0, prompts.shape[0], 16), desc="regenerate", disable=not acc.is_local_main_process):
+        ids = prompts[i:i + 16].to(target.device)
+        out = target.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=new,
+                              min_new_tokens=new, pad_token_id=eos_id, **sample)
+        rows.append(out[:, :cfg.seq_len].cpu())
+    pool = torch.cat(rows).to(torch.int32)
+    os.makedirs(cfg.cache_dir, exist_ok=True)
+    torch.save(pool, path + ".tmp")
+    os.replace(path + ".tmp", path)
+    return pool
+
+
+class FeatureSource:
+    """Per-step (ids, draft input features, last hidden state) of the frozen target: computed under
+    no_grad, or with cache_features loaded from / stored to disk (fp16), batches cycled."""
+
+    def __init__(self, cfg, target, draft_config, sampler, key: str | None):
+        self.target, self.layers, self.sampler = target, draft_config.feature_layers, sampler
+        self.cycle = cfg.feature_cache_batches or cfg.max_steps
+        self.dir = os.path.join(cfg.cache_dir, f"eagle-feats-{key}") if key else None
+        if self.dir:
+            os.makedirs(self.dir, exist_ok=True)
+
+    @torch.no_grad()
+    def compute(self, ids: torch.Tensor):
+        out = self.target(input_ids=ids.to(self.target.device), output_hidden_states=True)
+        hs = out.hidden_states
+        feats = hs[self.layers[0]] if len(self.layers) == 1 else torch.cat([hs[i] for i in self.layers], -1)
+        return ids, feats.float(), hs[-1].float()
+
+    def get(self, step: int):
+        if not self.dir:
+            return self.compute(self.sampler.batch(step))
+        index = step % self.cycle
+        path = os.path.join(self.dir, f"{index}.pt")
+        if os.path.exists(path):
+            d = torch.load(path)
+            return d["ids"].long(), d["feats"].float(), d["last"].float()
+        ids, feats, last = self.compute(self.sampler.batch(index))
+        torch.save({"ids": ids.to(torch.int32).cpu(), "feats": feats.half().cpu(), "last": last.half().cpu()},
+                   path + ".tmp")
+        os.replace(path + ".tmp", path)
+        return ids, feats, last
+
+
+# --- the loss ---------------------------------------------------------------------------------------
+
+def _ttt_mask(n: int, step: int, device, dtype) -> torch.Tensor:
+    """(1, 1, n, (step + 1) n) additive mask for unrolled step `step`: query t sees the true pairs <= t
+    and, at every earlier unrolled step, its own chain ancestor (the entry at t)."""
+    allowed = torch.cat([torch.ones(n, n, dtype=torch.bool).tril()] + [torch.eye(n, dtype=torch.bool)] * step, 1)
+    mask = torch.zeros(allowed.shape, dtype=dtype).masked_fill_(~allowed, torch.finfo(dtype).min)
+    return mask[None, None].to(device)
+
+
+class EagleLoss(nn.Module):
+    """The draft plus its (unregistered, frozen) reference to the target's embedding and LM head, so one
+    forward covers every unrolled step (one DDP forward per optimizer step) and checkpoints hold only
+    the draft."""
+
+    def __init__(self, draft: EagleDraftModel, target, cfg):
+        super().__init__()
+        self.draft = draft
+        self._frozen = (target.get_input_embeddings(), target.get_output_embeddings())
+        self.ttt_steps, self.decay = cfg.ttt_steps, cfg.ttt_decay
+        self.fw, self.tw, self.noise = cfg.feature_loss_weight, cfg.token_loss_weight, cfg.feature_noise
+
+    def forward(self, ids, feats, last, noise: bool = True) -> dict:
+        embed, head = self._frozen
+        b, t = ids.shape
+        n = t - 1
+        with torch.no_grad():
+            emb = embed(ids).float()
+            tgt_logits = head(last[:, 1:].to(head.weight.dtype)).float()  # p at positions 1..T-1
+            tgt_p = tgt_logits.softmax(-1)
+            tgt_top = tgt_logits.argmax(-1)
+        x = feats[:, :-1]
+        if noise and self.noise > 0:
+            x = x + (torch.rand_like(x) - 0.5) * self.noise
+        cache = DynamicCache(config=self.draft.body.config) if self.ttt_steps > 1 else None
+        total, out = 0.0, {}
+        for i in range(self.ttt_steps):
+            valid = n - i  # pairs whose step-i target exists
+            if valid < 1:
+                break
+            tok = emb[:, 1 + i:]
+            if i:
+                tok = torch.cat([tok, emb[:, :i].new_zeros(b, i, emb.shape[-1])], 1)  # padding, never scored
+            kwargs = {}
+            if i:
+                kwargs = dict(attention_mask=_ttt_mask(n, i, ids.device, x.dtype),
+                              position_ids=(torch.arange(n, device=ids.device) + i)[None])
+            pred = self.draft(x, tok, cache=cache, **kwargs)  # (B, n, H): predicts f_{t+1+i}
+            hit = pred[:, :valid]
+            logp = head(hit.to(head.weight.dtype)).float().log_softmax(-1)
+            ce = -(tgt_p[:, i:] * logp).sum(-1).mean()
+            feat = F.smooth_l1_loss(hit.float(), last[:, 1 + i:].float())
+            w = self.decay ** i
+            total = total + w * (self.tw * ce + (self.fw * feat if self.fw else 0.0))
+            with torch.no_grad():
+                out[f"acc_{i}"] = (logp.argmax(-1) == tgt_top[:, i:]).float().mean()
+            out[f"token_loss_{i}"], out[f"feature_loss_{i}"] = ce.detach(), feat.detach()
+            x = pred  # the next unrolled step reads the draft's own features
+        out["loss"] = total
+        return out
+
+
+@torch.no_grad()
+def heldout_accuracy(loss_fn: EagleLoss, source: FeatureSource, stream: torch.Tensor, seq_len: int,
+                     blocks: int) -> dict:
+    """Draft top-1 agreement with the target (per unrolled step) over consecutive held-out blocks."""
+    was = loss_fn.training
+    loss_fn.eval()
+    n = min(blocks, (stream.numel() - 1) // seq_len)
+    sums: dict[str, float] = {}
+    count = 0
+    for i in range(0, n, 8):
+        rows = torch.stack([stream[j * seq_len:(j + 1) * seq_len] for j in range(i, min(n, i + 8))]).long()
+        ids, feats, last = source.compute(rows.to(source.target.device))
+        res = loss_fn(ids, feats, last, noise=False)
+        for k, v in res.items():
+            sums[k] = sums.get(k, 0.0) + float(v) * rows.shape[0]
+        count += rows.shape[0]
+    loss_fn.train(was)
+    return {k: v / max(1, count) for k, v in sums.items()}
+
+
+@torch.no_grad()
+def measure_tau(target, draft, stream: torch.Tensor, prompts: int, new_tokens: int, prompt_len: int = 128) -> dict:
+    """Mean accepted length of the EAGLE-2 tree (default flags) on held-out prompts, greedy."""
+    from verify.decode import generate
+
+    if prompts < 1 or stream.numel() < prompt_len + 1:
+        return {}
+    drafter = EagleDrafter(target, draft.eval())
+    stride = max(prompt_len, (stream.numel() - prompt_len) // prompts)
+    stats = None
+    for i in range(prompts):
+        p = stream[i * stride: i * stride + prompt_len].long()
+        if p.numel() < prompt_len:
+            break
+        out = generate(target, p.to(target.device), drafter=drafter, max_new_tokens=new_tokens, eos_token_id=[])
+        stats = out.stats if stats is None else stats.merge(out.stats)
+    if stats is None:
+        return {}
+    return {"tau": stats.tau, "acceptance_by_depth": stats.acceptance_by_depth(), "mean_tree_size": stats.mean_tree_size}
+
+
+# --- main -------------------------------------------------------------------------------------------
+
+def main(argv=None):
+    cfg = parse_config(EagleTrainConfig, argv, description=__doc__)
+    if cfg.ttt_steps < 1:
+        raise ValueError(f"ttt_steps must be >= 1, got {cfg.ttt_steps}")
+    acc = make_accelerator(cfg, "draftkit-eagle")
+    tokenizer = AutoTokenizer.from_pretrained(cfg.target)
+    target = AutoModelForCausalLM.from_pretrained(cfg.target, dtype=torch.float32).to(acc.device).eval()
+    target.requires_grad_(False)
+    if target.get_output_embeddings().weight.shape[0] < len(tokenizer):
+        raise ValueError(f"tokenizer of {cfg.target} has {len(tokenizer)} tokens but the model only "
+                         f"{target.get_output_embeddings().weight.shape[0]} outputs")
+    with acc.main_process_first():  # the main process writes the shared caches, the others read them
+        corpus = build_corpus(cfg.corpus, cfg.text_column)
+        train_stream, heldout_stream = token_streams(cfg, corpus, tokenizer)
+    acc.print(f"corpus {corpus.source}: {train_stream.numel():,} train / {heldout_stream.numel():,} held-out tokens")
+
+    torch.manual_seed(cfg.seed)
+    draft = EagleDraftModel.from_target(target, cfg.feature_layers, cfg.init_from_target)
+    draft.config.target_name = cfg.target
+    n_params = sum(p.numel() for p in draft.parameters())
+    acc.print(f"EAGLE draft: {n_params:,} parameters, features from hidden states {draft.config.feature_layers}, "
+              f"ttt_steps {cfg.ttt_steps}")
+
+    seed = cfg.seed + acc.process_index
+    need_key = cfg.regenerate or cfg.cache_features
+    tfp = target_fingerprint(target) if need_key else ""
+    if cfg.regenerate:
+        rkey = _digest(tfp, corpus.fingerprint, cfg.seq_len, cfg.regen_blocks, cfg.regen_prompt_len,
+                       cfg.regen_temperature, cfg.seed)
+        with acc.main_process_first():
+            pool = regenerate_pool(cfg, target, train_stream, tokenizer.eos_token_id, rkey, acc)
+        sampler, data_key = RowSampler(pool, cfg.batch_size, seed), rkey
+    else:
+        sampler, data_key = BlockSampler(train_stream, cfg.seq_len, cfg.batch_size, seed), corpus.fingerprint
+    fkey = _digest(tfp, data_key, cfg.seq_len, cfg.batch_size, seed, draft.config.feature_layers,
+                   cfg.feature_cache_batches or cfg.max_steps) if cfg.cache_features else None
+    source = FeatureSource(cfg, target, draft.config, sampler, fkey)
+
+    loss_fn = EagleLoss(draft, target, cfg)
+    opt = torch.optim.AdamW(draft.parameters(), lr=cfg.lr, betas=tuple(cfg.betas), weight_decay=cfg.weight_decay)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: cosine_lr(s, cfg.max_steps, cfg.warmup_steps))
+    loss_fn, opt, sched = acc.prepare(loss_fn, opt, sched)
+    ckpts = Checkpoints(cfg.output_dir)
+    start = ckpts.resume(acc)
+
+    history = []
+    bar = tqdm(range(start, cfg.max_steps), initial=start, total=cfg.max_steps, desc="eagle",
+               disable=not acc.is_local_main_process)
+    for step in bar:
+        ids, feats, last = source.get(step)
+        res = loss_fn(ids.to(acc.device), feats.to(acc.device), last.to(acc.device))
+        acc.backward(res["loss"])
+        acc.clip_grad_norm_(loss_fn.parameters(), cfg.grad_clip)
+        opt.step(); sched.step(); opt.zero_grad(set_to_none=True)
+        metrics = {f"train/{k}": float(v.detach()) for k, v in res.items()}
+        metrics["train/lr"] = sched.get_last_lr()[0]
+        if (step + 1) % cfg.eval_every == 0 and step + 1 < cfg.max_steps:
+            ev = heldout_accuracy(acc.unwrap_model(loss_fn), source, heldout_stream, cfg.seq_len, cfg.eval_blocks)
+            metrics.update({f"heldout/{k}": v for k, v in ev.items()})
+        acc.log(metrics, step=step + 1)
+        history.append({k[6:]: v for k, v in metrics.items() if k.startswith("train/")})
+        bar.set_postfix(loss=f"{metrics['train/loss']:.3f}", acc=f"{metrics['train/acc_0']:.2f}")
+        if (step + 1) % cfg.checkpoint_every == 0 and step + 1 < cfg.max_steps:
+            ckpts.save(acc, step + 1)
+
+    model = acc.unwrap_model(loss_fn)
+    final = heldout_accuracy(model, source, heldout_stream, cfg.seq_len, cfg.eval_blocks)
+    acc.log({f"heldout/{k}": v for k, v in final.items()}, step=cfg.max_steps)
+    report = {}
+    if acc.is_main_process:
+        out = cfg.export_dir or os.path.join(cfg.output_dir, "final")
+        model.draft.save_pretrained(out)
+        decode = measure_tau(target, model.draft, heldout_stream, cfg.eval_tau_prompts, cfg.eval_new_tokens)
+        model.draft.float().train()
+        if decode:
+            acc.log({"heldout/tau": decode["tau"]}, step=cfg.max_steps)
+        report = {
+            "heldout_top1": final.get("acc_0"),
+            "heldout_top1_by_step": [final[f"acc_{i}"] for i in range(cfg.ttt_steps) if f"acc_{i}" in final],
+            "heldout_token_loss": final.get("token_loss_0"), "heldout_feature_loss": final.get("feature_loss_0"),
+            **decode,
+            "params": n_params, "steps": cfg.max_steps, "resumed_from": start,
+            "first_train": history[0] if history else None, "last_train": history[-1] if history else None,
+            "feature_layers": model.draft.config.feature_layers, "ttt_steps": cfg.ttt_steps,
+            "target": cfg.target, "corpus": corpus.source, "corpus_fingerprint": corpus.fingerprint,
+            "regenerated": cfg.regenerate, "output": out,
+        }
+        with open(os.path.join(out, "train_report.json"), "w") as fh:
+            json.dump(report, fh, indent=2)
+        acc.print(json.dumps(report))
+    finish(acc)
+    return {**report, "history": history}
+
+
+if __name__ == "__main__":
+    main()
