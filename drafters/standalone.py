@@ -94,8 +94,7 @@ class StandaloneDrafter:
         return tree
 
     def update(self, result: StepResult) -> None:
-        if not len(result.tree):
-            return
-        entries = kept_entries(result.tree, result.accepted)
+        # the verifier may have dropped the tree (context end): then nothing was accepted
+        entries = kept_entries(result.tree, result.accepted) if result.accepted else []
         self.cache_len = compact(self.cache, self.cache_len, 0, self.run, entries)
         self.run = 0

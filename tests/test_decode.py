@@ -196,3 +196,13 @@ def test_tokenizer_mismatch_names_both_tokenizers():
     check_same_vocabulary(model, model, a, a)  # same tokenizer: fine
     with pytest.raises(ValueError, match="tokenizer mismatch.*target.*draft"):
         check_same_vocabulary(model, model, a, b)
+
+
+def test_drafts_running_past_the_context_end_are_dropped_not_fatal():
+    target = tiny_model("llama", max_len=48)
+    prompt = torch.arange(10)
+    ref = plain(target, prompt, 38)  # fills the context exactly
+    for drafter in (LookaheadDrafter(window=7, ngram=4), StandaloneDrafter(target, k=5, top_k=2, total_tokens=9),
+                    StandaloneDrafter(target, k=4)):
+        out = generate(target, prompt, drafter=drafter, max_new_tokens=38, eos_token_id=[])
+        assert out.tokens.tolist() == ref

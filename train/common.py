@@ -31,7 +31,7 @@ def field(default, help: str):
 
 def parse_config(cls, argv=None, description: str = ""):
     """Build `cls` from --config YAML, then command-line overrides."""
-    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", help="YAML recipe under recipes/ (its keys are the flags below)")
     for f in dataclasses.fields(cls):
         kind = f.type if isinstance(f.type, type) else eval(f.type, {}, {})  # noqa: S307 - our own annotations

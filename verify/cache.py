@@ -28,6 +28,8 @@ def compact(cache: Cache, cache_len: int, prefix_len: int, n_nodes: int, accepte
     """
     base = cache_len + prefix_len
     keep_len = base + len(accepted)
+    if len(accepted) == n_nodes:  # every node kept (or none drafted): nothing to drop
+        return keep_len
     if accepted == list(range(len(accepted))):  # contiguous: a crop
         for layer in _layers(cache):
             layer.keys = layer.keys[..., :keep_len, :]

@@ -8,13 +8,14 @@ cd "$(dirname "$0")/../.."
 run() { echo "+ $*"; "$@"; }
 
 run python train/pretrain.py --config recipes/zoo/target.yaml
-# two one-thread jobs at a time use both cores better than one two-thread job
-OMP_NUM_THREADS=1 python train/draft.py --config recipes/draft/distill.yaml > runs/draft.log 2>&1 &
-OMP_NUM_THREADS=1 python train/medusa.py --config recipes/medusa/medusa1.yaml > runs/medusa1.log 2>&1 &
+# two lanes of one-thread jobs use both cores better than one two-thread job at a time
+export OMP_NUM_THREADS=1
+( python train/draft.py --config recipes/draft/distill.yaml > runs/draft.log 2>&1
+  python train/eagle.py --config recipes/eagle/eagle2.yaml > runs/eagle2.log 2>&1 ) &
+( python train/medusa.py --config recipes/medusa/medusa1.yaml > runs/medusa1.log 2>&1
+  python train/medusa.py --config recipes/medusa/medusa2.yaml > runs/medusa2.log 2>&1 ) &
 wait
-OMP_NUM_THREADS=1 python train/eagle.py --config recipes/eagle/eagle2.yaml > runs/eagle2.log 2>&1 &
-OMP_NUM_THREADS=1 python train/medusa.py --config recipes/medusa/medusa2.yaml > runs/medusa2.log 2>&1 &
-wait
+unset OMP_NUM_THREADS
 
 ship() { run python train/ship.py --name "$1" --source "$2" --recipe "$3" --command "python train/$4 --config $3"; }
 ship tokenizer zoo/tokenizer recipes/zoo/target.yaml pretrain.py
