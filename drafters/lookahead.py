@@ -31,7 +31,7 @@ class LookaheadDrafter:
 
     needs_hidden_states = False
 
-    def __init__(self, ngram: int = 4, window: int = 5, guesses: int = 5, lookup_len: int = 6,
+    def __init__(self, ngram: int = 3, window: int = 4, guesses: int = 4, lookup_len: int = 6,
                  max_nodes: int = 48, pool_size: int = 8, seed: int = 0):
         if ngram < 2:
             raise ValueError(f"ngram (N) must be >= 2, got {ngram}")

@@ -58,3 +58,25 @@ def available(zoo: Path | None = None) -> list[str]:
         return sorted(manifest(zoo).get("models", {}))
     except ZooError:
         return []
+
+
+SHOWN = ("heldout_loss", "top1_agreement", "head_top1", "heldout_target_loss", "heldout_accuracy", "tau")
+
+
+def table(zoo: Path | None = None) -> str:
+    """The manifest as a markdown table (python -m draftkit.zoo)."""
+    lines = ["| model | params | held-out metrics | size | made by |", "|---|---|---|---|---|"]
+    for name, e in sorted(manifest(zoo)["models"].items()):
+        def fmt(v):
+            return f"{v:.3f}" if isinstance(v, float) else "[" + " ".join(f"{x:.2f}" for x in v) + "]"
+
+        metrics = ", ".join(f"{k} {fmt(v)}" for k, v in e.items() if k in SHOWN and isinstance(v, (float, list)))
+        size = sum(f["bytes"] for f in e["files"].values()) / 1e6
+        n = e.get("params") or e.get("trainable_params")
+        params = f"{n / 1e6:.2f}M" if n else "-"
+        lines.append(f"| {name} | {params} | {metrics or '-'} | {size:.1f} MB | `{e['command']}` |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    print(table())

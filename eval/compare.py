@@ -31,7 +31,9 @@ from eval.tasks import TASKS, build_tasks, load_jsonl  # noqa: E402
 
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--drafters", default="all", help="comma list of standalone, medusa, eagle, lookahead, or 'all'")
+    ap.add_argument("--drafters", default="all",
+                    help="comma list of standalone, medusa, eagle, eagle-chain (EAGLE drafting a chain of --k), "
+                         "lookahead, or 'all' (all five)")
     ap.add_argument("--target", help="target: HF model id or path (default: the shipped target)")
     ap.add_argument("--draft", help="standalone draft model: HF id or path (default: the shipped draft)")
     ap.add_argument("--medusa", help="saved Medusa heads folder (default: the shipped heads)")
@@ -46,10 +48,11 @@ def parse_args(argv=None):
     ap.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling for p (sampling only)")
     ap.add_argument("--seed", type=int, default=0, help="seed for prompts and sampling")
     ap.add_argument("--k", type=int, default=4, help="standalone draft chain length (also the assisted peer's)")
-    ap.add_argument("--eagle-depth", type=int, default=6, help="EAGLE tree depth")
-    ap.add_argument("--eagle-top-k", type=int, default=6, help="EAGLE children expanded per node")
-    ap.add_argument("--eagle-total-tokens", type=int, default=32, help="EAGLE tree size")
-    ap.add_argument("--medusa-tree-size", type=int, default=None, help="Medusa tree size (default: the saved tree)")
+    ap.add_argument("--eagle-depth", type=int, default=4, help="EAGLE-2 dynamic tree depth")
+    ap.add_argument("--eagle-top-k", type=int, default=2, help="EAGLE-2 children expanded per frontier node")
+    ap.add_argument("--eagle-total-tokens", type=int, default=8, help="EAGLE-2 tree size (nodes)")
+    ap.add_argument("--medusa-tree-size", type=int, default=8,
+                    help="Medusa tree size, rebuilt from the saved head accuracies (0: the saved tree)")
     ap.add_argument("--no-peers", action="store_true", help="skip transformers' generate peer rows")
     ap.add_argument("--quick", action="store_true", help="smoke run: 2 prompts of 2 tasks, 32 tokens, 1 repeat")
     ap.add_argument("--json", help="write every figure to this JSON file")
@@ -59,10 +62,11 @@ def parse_args(argv=None):
     if args.quick:
         args.prompts, args.max_new_tokens, args.repeats = 2, 32, 1
         args.tasks = "code,copy"
-    names = dk.DRAFTERS if args.drafters == "all" else tuple(d.strip() for d in args.drafters.split(",") if d.strip())
-    bad = [d for d in names if d not in dk.DRAFTERS]
+    choices = (*dk.DRAFTERS, "eagle-chain")
+    names = choices if args.drafters == "all" else tuple(d.strip() for d in args.drafters.split(",") if d.strip())
+    bad = [d for d in names if d not in choices]
     if bad:
-        ap.error(f"unknown drafter(s) {bad}; choose from {', '.join(dk.DRAFTERS)} or all")
+        ap.error(f"unknown drafter(s) {bad}; choose from {', '.join(choices)} or all")
     args.drafter_names = names
     return args
 
@@ -99,10 +103,12 @@ def build_methods(args, target, tokenizer):
         elif name == "eagle":
             flags = {"depth": args.eagle_depth, "top_k": args.eagle_top_k, "total_tokens": args.eagle_total_tokens}
             path = args.eagle
+        elif name == "eagle-chain":
+            flags, path = {"depth": args.k, "chain": True}, args.eagle
         elif name == "medusa":
             flags = {"tree_size": args.medusa_tree_size} if args.medusa_tree_size else {}
             path = args.medusa
-        drafter = dk.make_drafter(name, target, path, tokenizer=tokenizer, **flags)
+        drafter = dk.make_drafter(name.split("-")[0], target, path, tokenizer=tokenizer, **flags)
         methods.append(Method(name, ours(drafter), draft_params=params(drafter)))
         if args.no_peers or args.temperature > 0:
             continue
