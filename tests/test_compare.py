@@ -3,15 +3,15 @@ import json
 import subprocess
 import sys
 
-import pytest
-
 from draftkit.zoo import available
 
 ROW_KEYS = {"drafter", "task", "tau", "acceptance_by_depth", "tokens_per_s", "speedup", "lossless"}
 
 
-@pytest.mark.skipif(not {"target", "draft", "medusa", "eagle"} <= set(available()),
-                    reason="the default models are not in zoo/")
+def test_default_models_are_shipped():
+    assert {"tokenizer", "target", "draft", "medusa", "medusa2", "eagle"} <= set(available())
+
+
 def test_quick_compare_runs_and_nothing_is_lost(tmp_path):
     out = tmp_path / "quick.json"
     proc = subprocess.run([sys.executable, "eval/compare.py", "--quick", "--drafters", "all", "--json", str(out),
@@ -19,7 +19,7 @@ def test_quick_compare_runs_and_nothing_is_lost(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads(out.read_text())
     rows = report["rows"]
-    assert {r["drafter"] for r in rows} >= {"plain", "standalone", "medusa", "eagle", "lookahead"}
+    assert {r["drafter"] for r in rows} >= {"plain", "standalone", "medusa", "eagle", "eagle-chain", "lookahead"}
     for row in rows:
         assert ROW_KEYS <= set(row), row
         assert row["lossless"] is True, row  # greedy: every output identical to plain decoding
