@@ -49,7 +49,7 @@ def plot_results(report: dict, folder: str) -> list[str]:
     ax.set_xticks([x + width * (len(methods) - 1) / 2 for x in range(len(tasks))], tasks)
     ax.set_ylabel("speedup over plain decoding")
     ax.set_title("tokens/s relative to plain decoding (same run)")
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     fig.tight_layout()
     paths.append(os.path.join(folder, "speedup.png"))
     fig.savefig(paths[-1], dpi=120)

@@ -3,6 +3,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from draftkit.zoo import available
 
 ROW_KEYS = {"drafter", "task", "tau", "acceptance_by_depth", "tokens_per_s", "speedup", "lossless"}
@@ -28,3 +30,23 @@ def test_quick_compare_runs_and_nothing_is_lost(tmp_path):
     assert all(r["tau"] >= 1.0 and r["acceptance_by_depth"] for r in drafted)
     assert any(r["tau"] > 1.2 for r in drafted)  # trained drafters are accepted
     assert (tmp_path / "plots" / "speedup.png").exists()
+
+
+@pytest.mark.slow
+def test_shipped_drafters_are_lossless_on_long_generations():
+    """Every shipped drafter, large trees included, on held-out prompts: 256 greedy tokens each."""
+    import draftkit as dk
+    from eval.tasks import build_tasks
+
+    target, tok = dk.load_target()
+    prompts = [p.ids for t in build_tasks(tok, ["code", "prose"], n=3, seed=11).values() for p in t]
+    drafters = {"standalone": dk.make_drafter("standalone", target, k=5),
+                "standalone-tree": dk.make_drafter("standalone", target, k=4, top_k=3, total_tokens=16),
+                "medusa": dk.make_drafter("medusa", target, tree_size=32),
+                "eagle": dk.make_drafter("eagle", target, depth=6, top_k=6, total_tokens=48),
+                "eagle-chain": dk.make_drafter("eagle", target, depth=5, chain=True),
+                "lookahead": dk.make_drafter("lookahead", target, ngram=5, window=7, guesses=7)}
+    for ids in prompts:
+        ref = dk.generate(target, ids, max_new_tokens=256).tokens.tolist()
+        for name, drafter in drafters.items():
+            assert dk.generate(target, ids, drafter, max_new_tokens=256).tokens.tolist() == ref, name
