@@ -44,7 +44,7 @@ def parse_args(argv=None):
     ap.add_argument("--prompt-len", type=int, default=192, help="prompt length in tokens for the built-in tasks")
     ap.add_argument("--max-new-tokens", type=int, default=128, help="tokens generated per prompt")
     ap.add_argument("--repeats", type=int, default=3, help="interleaved repeats; speedup is their median")
-    ap.add_argument("--temperature", type=float, default=0.0, help="0 = greedy; > 0 samples with fixed seeds")
+    ap.add_argument("--temperature", type=float, default=0.0, help="0 = greedy; > 0 samples with fixed seeds (and generates max-new-tokens, ignoring EOS)")
     ap.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling for p (sampling only)")
     ap.add_argument("--seed", type=int, default=0, help="seed for prompts and sampling")
     ap.add_argument("--k", type=int, default=4, help="standalone draft chain length (also the assisted peer's)")
@@ -85,8 +85,9 @@ def build_methods(args, target, tokenizer):
 
     def ours(drafter):
         def run(ids):
+            # sampled runs differ in length per method, so they ignore EOS to time equal work
             out = dk.generate(target, ids, drafter, max_new_tokens=n, sampling=sampling,
-                              seed=args.seed + next(seed_counter))
+                              seed=args.seed + next(seed_counter), eos_token_id=[] if args.temperature > 0 else None)
             return out.tokens.tolist(), out.stats
         return run
 
