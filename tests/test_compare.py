@@ -11,7 +11,7 @@ ROW_KEYS = {"drafter", "task", "tau", "acceptance_by_depth", "tokens_per_s", "sp
 
 
 def test_default_models_are_shipped():
-    assert {"tokenizer", "target", "draft", "medusa", "medusa2", "eagle"} <= set(available())
+    assert {"tokenizer", "target", "draft", "medusa", "medusa2", "eagle", "eagle3"} <= set(available())
 
 
 def test_quick_compare_runs_and_nothing_is_lost(tmp_path):

@@ -16,6 +16,7 @@ export OMP_NUM_THREADS=1
   python train/medusa.py --config recipes/medusa/medusa2.yaml > runs/medusa2.log 2>&1 ) &
 wait
 unset OMP_NUM_THREADS
+run python train/eagle.py --config recipes/eagle/eagle3.yaml
 
 ship() { run python train/ship.py --name "$1" --source "$2" --recipe "$3" --command "python train/$4 --config $3"; }
 ship tokenizer zoo/tokenizer recipes/zoo/target.yaml pretrain.py
@@ -24,3 +25,4 @@ ship draft runs/draft/final recipes/draft/distill.yaml draft.py
 ship medusa runs/medusa1/final recipes/medusa/medusa1.yaml medusa.py
 ship medusa2 runs/medusa2/final recipes/medusa/medusa2.yaml medusa.py
 ship eagle runs/eagle2/final recipes/eagle/eagle2.yaml eagle.py
+ship eagle3 runs/eagle3/final recipes/eagle/eagle3.yaml eagle.py
