@@ -29,6 +29,18 @@ def field(default, help: str):
     return dataclasses.field(default=default, metadata={"help": help})
 
 
+@dataclasses.dataclass
+class DataConfig:
+    """Fields every recipe shares: where the text comes from, how it is batched, tracking."""
+
+    corpus: str = field("stdlib", "stdlib, a folder of .py files, a .txt/.json/.jsonl file, or a hub dataset name")
+    text_column: str = field("text", "text column of a json or hub dataset")
+    cache_dir: str = field("runs/cache", "where packed token streams (and cached features) are kept (empty: none)")
+    seq_len: int = field(256, "training block length in tokens")
+    batch_size: int = field(8, "blocks per optimizer step")
+    wandb: bool = field(True, "log to Weights & Biases through accelerate (offline unless WANDB_MODE is set)")
+
+
 def parse_config(cls, argv=None, description: str = ""):
     """Build `cls` from --config YAML, then command-line overrides."""
     parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -22,17 +22,14 @@ import torch.nn.functional as F  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM  # noqa: E402
 
-from train.common import Checkpoints, cosine_lr, field, finish, make_accelerator, parse_config, save_hf  # noqa: E402
+from train.common import Checkpoints, DataConfig, cosine_lr, field, finish, make_accelerator, parse_config, save_hf  # noqa: E402
 from train.data import BlockSampler, build_corpus, token_streams  # noqa: E402
 from train.pretrain import heldout_loss  # noqa: E402
 
 
 @dataclass
-class DraftConfig:
+class DraftConfig(DataConfig):
     target: str = field("runs/target/final", "target model (path or hub id) to distil from")
-    corpus: str = field("stdlib", "stdlib, a folder of .py files, a .txt/.json/.jsonl file, or a hub dataset name")
-    text_column: str = field("text", "text column of a json or hub dataset")
-    cache_dir: str = field("runs/cache", "where packed token streams are cached (empty: no cache)")
     init_from: str = field("", "start from this causal LM (path or hub id) instead of random weights")
     lora_r: int = field(0, "with init_from: train LoRA adapters of this rank only (0: full fine-tune)")
     lora_alpha: int = field(16, "LoRA alpha")
@@ -40,8 +37,6 @@ class DraftConfig:
     num_layers: int = field(2, "draft decoder layers (random init)")
     num_heads: int = field(4, "draft attention heads (random init)")
     intermediate_size: int = field(384, "draft MLP width (random init)")
-    seq_len: int = field(256, "training block length")
-    batch_size: int = field(8, "blocks per step")
     lr: float = field(3e-3, "peak learning rate")
     warmup_steps: int = field(50, "linear warmup steps")
     max_steps: int = field(1200, "optimizer steps")
@@ -53,7 +48,6 @@ class DraftConfig:
     output_dir: str = field("runs/draft", "checkpoints, W&B run and logs")
     export_dir: str = field("", "where the final fp16 draft is saved (empty: output_dir/final)")
     seed: int = field(1, "seed")
-    wandb: bool = field(True, "log to W&B through accelerate (offline unless WANDB_MODE is set)")
 
 
 def build_draft(cfg, target) -> torch.nn.Module:

@@ -34,23 +34,18 @@ from tqdm import tqdm  # noqa: E402
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache  # noqa: E402
 
 from drafters.eagle import EagleDraftModel, EagleDrafter  # noqa: E402
-from train.common import Checkpoints, cosine_lr, field, finish, make_accelerator, parse_config  # noqa: E402
+from train.common import Checkpoints, DataConfig, cosine_lr, field, finish, make_accelerator, parse_config  # noqa: E402
 from train.data import BlockSampler, build_corpus, token_streams  # noqa: E402
 
 
 @dataclass
-class EagleTrainConfig:
+class EagleTrainConfig(DataConfig):
     target: str = field("runs/target/final", "target model (folder or hub name); its tokenizer is used too")
-    corpus: str = field("stdlib", "stdlib, a folder of .py files, a .txt/.json/.jsonl file, or a hub dataset name")
-    text_column: str = field("text", "text column of a json or hub dataset")
-    cache_dir: str = field("runs/cache", "packed token streams, regenerated text and cached features")
     feature_layers: list = field([], "hidden-state indices the draft reads (0 = embeddings, -1 = last): [] = the "
                                      "last only (EAGLE-1/2); three, e.g. [1, 3, -1], = EAGLE-3 low/mid/high fusion")
     ttt_steps: int = field(1, "training-time test: unrolled draft steps on its own features (1 = EAGLE-1/2)")
     ttt_decay: float = field(0.8, "loss weight of unrolled step i is ttt_decay ** i")
     init_from_target: bool = field(False, "start the draft's decoder layer as a copy of the target's last layer")
-    seq_len: int = field(256, "training block length in tokens")
-    batch_size: int = field(8, "blocks per optimizer step")
     lr: float = field(3e-4, "peak learning rate (EAGLE: 3e-5 for 7B targets; small drafts want more)")
     betas: list = field([0.9, 0.95], "AdamW betas")
     weight_decay: float = field(0.0, "AdamW weight decay")
@@ -75,7 +70,6 @@ class EagleTrainConfig:
     output_dir: str = field("runs/eagle2", "checkpoints, W&B run and logs")
     export_dir: str = field("", "where the draft folder is saved (empty: output_dir/final)")
     seed: int = field(0, "seed for init, noise and data order")
-    wandb: bool = field(True, "log to Weights & Biases through accelerate (offline unless WANDB_MODE is set)")
 
 
 # --- data -------------------------------------------------------------------------------------------

@@ -37,24 +37,19 @@ from tqdm import tqdm  # noqa: E402
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache  # noqa: E402
 
 from drafters.medusa import MedusaHeads, build_tree_choices, expected_accepted, save_medusa  # noqa: E402
-from train.common import Checkpoints, cosine_lr, field, finish, make_accelerator, parse_config  # noqa: E402
+from train.common import Checkpoints, DataConfig, cosine_lr, field, finish, make_accelerator, parse_config  # noqa: E402
 from train.data import BlockSampler, build_corpus, token_streams  # noqa: E402
 
 
 @dataclass
-class MedusaConfig:
+class MedusaConfig(DataConfig):
     target: str = field("runs/target/final", "the target model (a Hugging Face folder or hub name)")
     tokenizer_dir: str = field("", "tokenizer (empty: the target's folder)")
-    corpus: str = field("stdlib", "stdlib, a folder of .py files, a .txt/.json/.jsonl file, or a hub dataset name")
-    text_column: str = field("text", "text column of a json or hub dataset")
-    cache_dir: str = field("runs/cache", "where packed token streams are cached (shared with pretrain)")
     mode: str = field("medusa1", "medusa1 (frozen target) or medusa2 (joint LoRA fine-tune of the target)")
     num_heads: int = field(4, "Medusa heads (head k predicts the token k + 2 ahead of its position)")
     num_layers: int = field(1, "ResBlocks per head")
     share_lm_head: bool = field(False, "use the target's frozen LM head as every head's projection")
     init_heads: str = field("", "a Medusa folder to start the heads from (e.g. a Medusa-1 run for Medusa-2)")
-    seq_len: int = field(256, "training block length in tokens")
-    batch_size: int = field(8, "blocks per optimizer step")
     lr: float = field(1e-3, "peak learning rate (AdamW, cosine); the heads' LR in medusa1, LoRA's in medusa2")
     head_lr_multiplier: float = field(4.0, "medusa2: the heads' LR is lr times this")
     weight_decay: float = field(0.0, "AdamW weight decay")
@@ -84,7 +79,6 @@ class MedusaConfig:
     output_dir: str = field("runs/medusa1", "checkpoints, W&B run and logs")
     export_dir: str = field("", "where the heads, tree and adapter are saved (empty: output_dir/final)")
     seed: int = field(0, "seed for init and data order")
-    wandb: bool = field(True, "log to Weights & Biases through accelerate (offline unless WANDB_MODE is set)")
 
     def __post_init__(self):
         if self.mode not in ("medusa1", "medusa2"):

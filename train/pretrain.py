@@ -19,15 +19,12 @@ import torch  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM  # noqa: E402
 
-from train.common import Checkpoints, cosine_lr, field, finish, make_accelerator, parse_config, save_hf  # noqa: E402
+from train.common import Checkpoints, DataConfig, cosine_lr, field, finish, make_accelerator, parse_config, save_hf  # noqa: E402
 from train.data import BlockSampler, build_corpus, token_streams, train_tokenizer  # noqa: E402
 
 
 @dataclass
-class PretrainConfig:
-    corpus: str = field("stdlib", "stdlib, a folder of .py files, a .txt/.json/.jsonl file, or a hub dataset name")
-    text_column: str = field("text", "text column of a json or hub dataset")
-    cache_dir: str = field("runs/cache", "where packed token streams are cached (empty: no cache)")
+class PretrainConfig(DataConfig):
     tokenizer_dir: str = field("zoo/tokenizer", "tokenizer to use; trained on the train split here if absent")
     vocab_size: int = field(8192, "BPE vocabulary size when a tokenizer is trained")
     hidden_size: int = field(384, "model width")
@@ -35,8 +32,6 @@ class PretrainConfig:
     num_heads: int = field(6, "attention heads")
     intermediate_size: int = field(1024, "MLP width")
     max_position: int = field(1024, "longest context the model supports")
-    seq_len: int = field(256, "training block length in tokens")
-    batch_size: int = field(8, "blocks per optimizer step")
     lr: float = field(1e-3, "peak learning rate (AdamW)")
     weight_decay: float = field(0.1, "AdamW weight decay")
     warmup_steps: int = field(200, "linear warmup steps")
@@ -49,7 +44,6 @@ class PretrainConfig:
     export_dir: str = field("", "where the final fp16 model is saved (empty: output_dir/final)")
     seed: int = field(0, "seed for init and data order")
     stop_at_step: int = field(0, "stop after this step as if interrupted (0: run to max_steps); for resume tests")
-    wandb: bool = field(True, "log to Weights & Biases through accelerate (offline unless WANDB_MODE is set)")
 
 
 def load_or_train_tokenizer(cfg, corpus):

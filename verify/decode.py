@@ -108,11 +108,12 @@ def generate(model, input_ids, drafter: Drafter | None = None, max_new_tokens: i
                                      prefill=len(stats.steps) == 0))
         if done:
             break
-        kept = torch.tensor(list(range(m)) + [m + a for a in acc], device=prompt.device)
         fed = torch.cat([pending, tree.tokens[acc]]) if acc else pending
+        if hidden is not None:  # rows of the prefix and the accepted nodes only
+            kept = torch.tensor(list(range(m)) + [m + a for a in acc], device=prompt.device)
+            hidden = tuple(h.index_select(0, kept) for h in hidden)
         drafter.update(StepResult(
-            new_tokens=torch.tensor(new, device=prompt.device), fed_tokens=fed,
-            hidden=tuple(h.index_select(0, kept) for h in hidden) if hidden is not None else None,
+            new_tokens=torch.tensor(new, device=prompt.device), fed_tokens=fed, hidden=hidden,
             logits=logits, tree=tree, accepted=acc))
         stats.steps[-1].draft_s += time.perf_counter() - t2
         pending = torch.tensor([bonus], device=prompt.device)
