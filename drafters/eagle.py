@@ -19,7 +19,9 @@ f^_root gives the root's children. Tree nodes go in as (f^_parent, emb(node))
 at position root + depth - 1 through drafters.tree_search (EAGLE-2 dynamic
 tree, or a chain, sampled with q in sampling mode). On update the nodes'
 entries are dropped, accepted ones included: they are recomputed from the TRUE
-target features of the kept positions (as EAGLE does), in one draft forward.
+target features of the kept positions (as EAGLE does) in the next step's first
+draft forward, which also yields the root's children: no separate update pass,
+and nothing at all while the budget keeps the drafter idle.
 
 Saved folder: config.json (sizes, feature_layers, target name and the
 architecture of the draft layer) + model.safetensors (fp16; loaded as fp32).
@@ -33,11 +35,13 @@ from typing import Sequence
 
 import torch
 from torch import nn
-from transformers import AutoConfig, AutoModel, DynamicCache
+from transformers import AutoConfig, AutoModel
 
-from drafters.base import DecodeState, DraftTree, StepResult
 from drafters.tree_search import dynamic_tree, sample_chain
-from verify.cache import compact
+from verify.cache import KVBuffer
+from verify.contract import Budget, DecodeState, DraftTree, StepResult
+from verify.forward import run_model
+from verify.tree import MaskBuffer
 
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
@@ -151,8 +155,12 @@ class EagleDraftModel(nn.Module):
         feats = [hidden[i] for i in self.config.feature_layers]
         return feats[0] if len(feats) == 1 else torch.cat(feats, -1)
 
+    def join(self, layers: Sequence[torch.Tensor]) -> torch.Tensor:
+        """The draft's input features from the feature layers alone (in feature_layers order)."""
+        return layers[0] if len(layers) == 1 else torch.cat(list(layers), -1)
+
     def forward(self, features: torch.Tensor, embeds: torch.Tensor, cache=None, attention_mask=None,
-                position_ids=None) -> torch.Tensor:
+                position_ids=None, use_cache: bool = True) -> torch.Tensor:
         """features (B, T, H) (the draft's own outputs, or EAGLE-1/2 target features) or (B, T, nH)
         (raw EAGLE-3 target features, fused here); embeds (B, T, H) of the next tokens.
         Returns (B, T, H): the predicted next features."""
@@ -210,19 +218,17 @@ class EagleDraftModel(nn.Module):
 class EagleDrafter:
     """EAGLE-2 dynamic tree (or a chain) from an EAGLE draft model over the target's features.
 
-    depth: draft depth; top_k: children expanded per frontier node; total_tokens: tree size cap;
-    chain: a single chain of `depth` tokens instead (sampled from q in sampling mode).
+    max_depth: draft depth; max_nodes: tree size cap; top_k: children expanded per frontier node
+    (1: a single chain, sampled from q in sampling mode). The budget each step may be smaller.
     temperature: the draft's q temperature for sampled chains (default: the sampling temperature).
     """
 
-    needs_hidden_states = True
-
-    def __init__(self, target, draft: EagleDraftModel, depth: int = 5, top_k: int = 8, total_tokens: int = 48,
-                 chain: bool = False, temperature: float | None = None, seed: int | None = None):
-        if depth < 1:
-            raise ValueError(f"draft depth must be >= 1, got {depth}")
-        if top_k < 1 or total_tokens < 1:
-            raise ValueError(f"top_k and total_tokens must be >= 1, got {top_k} and {total_tokens}")
+    def __init__(self, target, draft: EagleDraftModel, max_depth: int = 5, max_nodes: int = 48, top_k: int = 8,
+                 temperature: float | None = None, seed: int | None = None):
+        if max_depth < 1:
+            raise ValueError(f"draft depth max_depth must be >= 1, got {max_depth}")
+        if top_k < 1 or max_nodes < 1:
+            raise ValueError(f"top_k and max_nodes must be >= 1, got {top_k} and {max_nodes}")
         if temperature is not None and temperature <= 0:
             raise ValueError(f"the draft temperature must be > 0, got {temperature}")
         draft.check_target(target)
@@ -232,69 +238,68 @@ class EagleDrafter:
         self.device = self.head.weight.device
         self.draft = draft.to(self.device).eval()
         self.dtype = next(draft.parameters()).dtype
-        self.depth, self.chain = depth, chain
+        self.hidden_layers = tuple(draft.config.feature_layers)
         self.top_k = min(top_k, draft.config.vocab_size)
-        self.total_tokens = total_tokens
+        self.budget_cap = Budget(max_depth, max_nodes if top_k > 1 else max_depth)
         self.temperature = temperature
         self.gen = torch.Generator().manual_seed(seed) if seed is not None else None
+        self.masks = MaskBuffer(self.dtype, self.device)
+        self.cache = KVBuffer(num_layers=1, capacity=0)
         self.reset(None)
 
     @classmethod
-    def from_pretrained(cls, path: str, target, **tree_flags) -> "EagleDrafter":
-        return cls(target, EagleDraftModel.from_pretrained(path), **tree_flags)
+    def from_pretrained(cls, path: str, target, **flags) -> "EagleDrafter":
+        return cls(target, EagleDraftModel.from_pretrained(path), **flags)
 
     def reset(self, prompt) -> None:
-        self.cache = DynamicCache(config=self.draft.body.config)
-        self.cache_len = 0  # committed pairs in the draft cache (committed tokens - 1)
-        self.run = 0  # tree-node entries appended after them this step
+        self.cache.reset()  # committed pairs (committed tokens - 1)
+        self.cache.reserve(2 * (prompt.numel() if prompt is not None else 0) + 256)
         self.bank = None  # row 0: f^ at the root; row e + 1: output of the e-th node run this step
+        self.todo = []  # (features (k, nH), next tokens (k,)) of kept positions the draft has not run yet
 
     def _logits(self, feats: torch.Tensor) -> torch.Tensor:
         return self.head(feats.to(self.head.weight.dtype))
 
-    def _forward(self, tokens, parent_ids, tree_mask, depths):
-        """tree_search's forward: nodes go in as (f^_parent, emb(token)) on top of the draft cache."""
-        k = tokens.numel()
-        run = tree_mask.shape[1] - k
-        if run:  # a node's parent is its last ancestor run (ancestors run in depth order); none: the root
-            src = (tree_mask[:, :run].long() * torch.arange(1, run + 1)).max(1).values
-        else:
-            src = torch.zeros(k, dtype=torch.long)
-        feats = self.bank.index_select(0, src.to(self.device))
-        emb = self.embed(tokens.to(self.device))
-        kwargs = {}
-        if not bool(tree_mask.all()):  # a chain needs only the causal mask and default positions
-            allowed = torch.cat([torch.ones(k, self.cache_len, dtype=torch.bool), tree_mask], 1)
-            mask = torch.zeros(allowed.shape, dtype=self.dtype).masked_fill_(~allowed, torch.finfo(self.dtype).min)
-            kwargs = dict(attention_mask=mask[None, None].to(self.device),
-                          position_ids=(self.cache_len - 1 + depths)[None].to(self.device))
-        out = self.draft(feats[None], emb[None], cache=self.cache, **kwargs)[0]
+    def _run(self, feats, tokens, block=None, offsets=None) -> torch.Tensor:
+        """(k, H) draft outputs for pairs (feats, tokens) on top of the draft cache (pending entries)."""
+        out = run_model(self.draft, self.cache, self.masks, block, offsets, features=feats[None],
+                        embeds=self.embed(tokens)[None])
+        return out[0]
+
+    def _forward(self, tokens, parent_rows, block, depths):
+        """tree_search's forward: nodes go in as (f^_parent, emb(token)) at position root + depth - 1."""
+        out = self._run(self.bank[parent_rows + 1], tokens, block, None if block is None else depths - 1)
         self.bank = torch.cat([self.bank, out])
-        self.run += k
         return self._logits(out)
+
+    def _catch_up(self) -> None:
+        """Run the kept positions' true features through the draft (EAGLE's first draft forward of a step)."""
+        feats = torch.cat([f for f, _ in self.todo]) if len(self.todo) > 1 else self.todo[0][0]
+        nxt = torch.cat([t for _, t in self.todo]) if len(self.todo) > 1 else self.todo[0][1]
+        out = self._run(feats, nxt)
+        self.cache.commit(list(range(nxt.numel())))
+        self.todo, self.bank = [], out[-1:]
 
     @torch.no_grad()
     def propose(self, state: DecodeState) -> DraftTree:
-        depth = min(self.depth, state.budget - 1)
-        if depth < 1 or self.bank is None:
+        budget = state.budget
+        depth = min(budget.max_depth, budget.max_nodes)
+        if depth < 1 or not self.todo:
             return DraftTree.empty(state.tokens.device)
-        self.bank = self.bank[:1]
+        self._catch_up()
         root_logits = self._logits(self.bank[0])
-        if self.chain:
+        if self.top_k == 1:
             return sample_chain(root_logits, self._forward, depth, state.greedy, self.gen,
                                 self.temperature or state.temperature)
-        return dynamic_tree(root_logits, self._forward, depth, self.top_k, self.total_tokens)
+        return dynamic_tree(root_logits, self._forward, depth, self.top_k, budget.max_nodes)
 
     @torch.no_grad()
     def update(self, result: StepResult) -> None:
         if result.hidden is None:
-            raise ValueError("EagleDrafter needs the target's hidden states (needs_hidden_states = True)")
-        if self.run:  # drop every node entry: accepted ones are recomputed from true features below
-            self.cache_len = compact(self.cache, self.cache_len, 0, self.run, [])
-            self.run = 0
+            raise ValueError("EagleDrafter needs the target's hidden states (hidden_layers)")
+        # node entries were computed from draft features: drop them all, accepted ones included; their
+        # true target features enter the next step's first draft forward together with the bonus
+        self.cache.drop_pending()
         fed = result.fed_tokens.to(self.device)
         nxt = torch.cat([fed[1:], result.new_tokens[-1:].to(self.device)])  # x_{t+1} for each kept position t
-        feats = self.draft.select(result.hidden)
-        out = self.draft(feats[None], self.embed(nxt)[None], cache=self.cache)[0]
-        self.cache_len += fed.numel()
-        self.bank = out[-1:]  # f^ at the root (the bonus token)
+        self.todo.append((self.draft.join(result.hidden), nxt))

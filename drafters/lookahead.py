@@ -21,24 +21,26 @@ from collections import OrderedDict, defaultdict
 
 import torch
 
-from drafters.base import DecodeState, DraftTree, StepResult
+from verify.contract import Budget, DecodeState, DraftTree, StepResult
 
 
 class LookaheadDrafter:
     """ngram: N (n-gram length, levels = N - 1); window: W (0 disables the lookahead branch:
-    pure prompt lookup); guesses: G candidates verified per step; lookup_len: tokens proposed
-    per lookup match; max_nodes: cap on the tree size."""
+    pure prompt lookup); guesses: G candidates verified per step; max_depth: tokens proposed per
+    candidate; max_nodes: cap on the tree size, lookahead branch included (the branch rides along
+    only when the candidates leave room for its W * (N - 1) nodes)."""
 
-    needs_hidden_states = False
+    hidden_layers: tuple[int, ...] = ()
 
-    def __init__(self, ngram: int = 3, window: int = 4, guesses: int = 4, lookup_len: int = 6,
+    def __init__(self, ngram: int = 3, window: int = 4, guesses: int = 4, max_depth: int = 6,
                  max_nodes: int = 48, pool_size: int = 8, seed: int = 0):
         if ngram < 2:
             raise ValueError(f"ngram (N) must be >= 2, got {ngram}")
-        if window < 0 or guesses < 1 or lookup_len < 1 or max_nodes < 1:
-            raise ValueError("window must be >= 0 and guesses, lookup_len, max_nodes >= 1")
+        if window < 0 or guesses < 1 or max_depth < 1 or max_nodes < 1:
+            raise ValueError("window must be >= 0 and guesses, max_depth, max_nodes >= 1")
         self.n, self.w, self.g = ngram, window, guesses
-        self.lookup_len, self.max_nodes, self.pool_size = lookup_len, max_nodes, pool_size
+        self.budget_cap = Budget(max_depth, max_nodes)
+        self.pool_size = pool_size
         self.seed = seed
 
     # --- state -----------------------------------------------------------------------------
@@ -82,7 +84,7 @@ class LookaheadDrafter:
             for p in reversed(positions):
                 if p == end:
                     continue
-                cont = tuple(self.tokens[p + 1:p + 1 + min(depth, self.lookup_len)])
+                cont = tuple(self.tokens[p + 1:p + 1 + depth])
                 if cont and cont not in found:
                     found.append(cont)
                 if len(found) >= self.g:
@@ -98,7 +100,9 @@ class LookaheadDrafter:
     def propose(self, state: DecodeState) -> DraftTree:
         if state.tokens.numel() != len(self.tokens):  # only if a caller skipped update()
             self.reset(state.tokens)
-        depth = state.budget - 1
+        depth, max_nodes = state.budget.max_depth, state.budget.max_nodes
+        branch = self.w * (self.n - 1)
+        room = max_nodes - branch if self.w and max_nodes >= 2 * branch else max_nodes  # keep the branch
         tokens: list[int] = []
         parents: list[int] = []
         if depth >= 1:
@@ -107,7 +111,7 @@ class LookaheadDrafter:
                 par = -1
                 for t in cont:
                     if (par, t) not in trie:
-                        if len(tokens) >= self.max_nodes:
+                        if len(tokens) >= room:
                             break
                         trie[(par, t)] = len(tokens)
                         tokens.append(t)
@@ -115,7 +119,7 @@ class LookaheadDrafter:
                     par = trie[(par, t)]
         lookahead_start = len(tokens)
         slots = None
-        if self.w and len(tokens) + self.w * (self.n - 1) <= self.max_nodes:
+        if self.w and len(tokens) + branch <= max_nodes and depth >= self.w:
             slots = {}  # (level, column) -> node index
             for j, level in enumerate(self.levels):
                 for i, t in enumerate(level):
@@ -123,9 +127,7 @@ class LookaheadDrafter:
                     slots[(j, i)] = len(tokens)
                     tokens.append(t)
                     parents.append(par)
-        dev = state.tokens.device
-        return DraftTree(torch.tensor(tokens, dtype=torch.long, device=dev),
-                         torch.tensor(parents, dtype=torch.long, device=dev), extra=(lookahead_start, slots))
+        return DraftTree.from_lists(tokens, parents, state.tokens.device, extra=(lookahead_start, slots))
 
     # --- learning ----------------------------------------------------------------------------
     def update(self, result: StepResult) -> None:

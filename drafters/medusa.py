@@ -8,7 +8,7 @@ followed by its own vocabulary projection initialised from the target's LM head
 (or the target's LM head itself, frozen: `share_lm_head`).
 
 Drafting costs no extra target forward: the verifier hands back the hidden
-states of the kept positions (`needs_hidden_states`), the drafter keeps the last
+states of the kept positions (`hidden_layers`), the drafter keeps the last
 row, and `propose` runs the heads on it. The draft is a fixed sparse tree of head
 top-k choices ("medusa choices"): paths such as (0,), (1,), (0, 0) meaning
 "head 0's best token, then head 1's best token below it". The choices are built
@@ -37,7 +37,7 @@ import warnings
 import torch
 from torch import nn
 
-from drafters.base import DecodeState, DraftTree, StepResult
+from verify.contract import Budget, DecodeState, DraftTree, StepResult
 
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
@@ -176,15 +176,18 @@ def build_tree_choices(accuracies, tree_size: int) -> TreeChoices:
     return sorted(chosen)
 
 
+def path_value(path: tuple[int, ...], accuracies) -> float:
+    """Chance that the whole path is accepted: the product of its per-rank accuracies."""
+    v = 1.0
+    for depth, r in enumerate(path):
+        row = accuracies[depth]
+        v *= float(row[r]) if r < len(row) else 0.0
+    return v
+
+
 def expected_accepted(choices: TreeChoices, accuracies) -> float:
     """Expected accepted draft tokens per step under the independence assumption of the tree builder."""
-    total = 0.0
-    for path in choices:
-        v = 1.0
-        for depth, r in enumerate(path):
-            v *= float(accuracies[depth][r])
-        total += v
-    return total
+    return sum(path_value(p, accuracies) for p in choices)
 
 
 def default_accuracies(num_heads: int, top_k: int = 10) -> list[list[float]]:
@@ -210,7 +213,7 @@ class MedusaDrafter:
     heads: MedusaHeads; tree_choices: paths of top-k ranks (see `build_tree_choices`).
     """
 
-    needs_hidden_states = True
+    hidden_layers: tuple[int, ...] = (-1,)  # the final hidden state (after the final norm)
 
     def __init__(self, target, heads: MedusaHeads, tree_choices, accuracies=None):
         hidden, vocab, _, name = _target_dims(target)
@@ -231,23 +234,28 @@ class MedusaDrafter:
         choices = sorted(check_tree_choices(tree_choices, self.heads.num_heads, self.heads.vocab_size))
         self.tree_choices = choices
         self.top_k = 1 + max((max(p) for p in choices), default=-1)
-        self._layouts: dict[int, tuple] = {}
+        self.budget_cap = Budget(max((len(p) for p in choices), default=0), len(choices))
+        # most valuable first (a parent before its children), so that a smaller budget keeps the best subtree
+        acc = self.accuracies or default_accuracies(self.heads.num_heads, max(self.top_k, 1))
+        self._by_value = sorted(choices, key=lambda p: (-path_value(p, acc), len(p), p))
+        self._layouts: dict[tuple[int, int], tuple] = {}
 
     def set_tree_size(self, tree_size: int) -> None:
         """Rebuild the tree from the stored accuracies (or a default profile) with `tree_size` nodes."""
         acc = self.accuracies or default_accuracies(self.heads.num_heads)
         self.set_tree(build_tree_choices(acc, tree_size))
 
-    def _layout(self, max_depth: int):
-        """(head index, rank, parent) tensors of the choices no deeper than max_depth."""
-        if max_depth not in self._layouts:
-            kept = [p for p in self.tree_choices if len(p) <= max_depth]
+    def _layout(self, max_depth: int, max_nodes: int):
+        """(head index, rank, parent) tensors of the best max_nodes choices no deeper than max_depth."""
+        key = (max_depth, max_nodes)
+        if key not in self._layouts:
+            kept = sorted([p for p in self._by_value if len(p) <= max_depth][:max_nodes])
             index = {p: i for i, p in enumerate(kept)}
             head = torch.tensor([len(p) - 1 for p in kept], dtype=torch.long)
             rank = torch.tensor([p[-1] for p in kept], dtype=torch.long)
-            parents = torch.tensor([index[p[:-1]] if len(p) > 1 else -1 for p in kept], dtype=torch.long)
-            self._layouts[max_depth] = (head, rank, parents)
-        return self._layouts[max_depth]
+            parents = [index[p[:-1]] if len(p) > 1 else -1 for p in kept]
+            self._layouts[key] = (head, rank, parents)
+        return self._layouts[key]
 
     # -- Drafter protocol
     def reset(self, prompt: torch.Tensor | None) -> None:
@@ -256,23 +264,25 @@ class MedusaDrafter:
     @torch.no_grad()
     def propose(self, state: DecodeState) -> DraftTree:
         device = state.tokens.device
-        max_depth = min(self.heads.num_heads, state.budget - 1)
+        max_depth = min(self.heads.num_heads, state.budget.max_depth)
         if self.hidden is None or max_depth < 1 or not self.tree_choices:
             return DraftTree.empty(device)
-        head, rank, parents = self._layout(max_depth)
+        head, rank, parents = self._layout(max_depth, state.budget.max_nodes)
         if not len(head):
             return DraftTree.empty(device)
         p = next(self.heads.parameters(), None)
         h = self.hidden.to(p.device, p.dtype) if p is not None else self.hidden
         logits = self.heads(h[None])[:, 0]  # (num_heads, V)
-        top = logits.topk(self.top_k, dim=-1).indices.cpu()  # (num_heads, top_k)
-        tokens = top[head, rank]
-        return DraftTree(tokens.to(device), parents.to(device))
+        top = logits.topk(self.top_k, dim=-1).indices  # (num_heads, top_k), stays on the device
+        tokens = top[head.to(top.device), rank.to(top.device)].to(device)
+        tree = DraftTree(tokens, torch.tensor(parents, device=device))
+        tree._parents = parents  # the topology is known on the host: validation reads nothing back
+        return tree
 
     def update(self, result: StepResult) -> None:
         if result.hidden is None:
-            raise RuntimeError("MedusaDrafter needs the target's hidden states (needs_hidden_states = True)")
-        self.hidden = result.hidden[-1][-1]
+            raise RuntimeError("MedusaDrafter needs the target's hidden states (hidden_layers)")
+        self.hidden = result.hidden[0][-1]
 
     # -- persistence
     def save_pretrained(self, path: str, extra_config: dict | None = None, metrics: dict | None = None) -> None:

@@ -1,18 +1,21 @@
 """A small causal LM with the target's tokenizer as the drafter.
 
-It keeps its own KV cache over the committed tokens. Drafting appends entries
-for the draft nodes it runs; after verification the entries of the accepted
-nodes are kept (they hold exactly the committed tokens) and the rest dropped,
-so nothing already computed is computed again.
+It keeps its own KV cache (a KVBuffer, like the verifier's) over the committed
+tokens. Drafting appends pending entries for the draft nodes it runs; after
+verification the entries of the accepted nodes are committed (they hold exactly
+the committed tokens) and the rest dropped, so nothing already computed is
+computed again. Tokens it has not seen (the bonus, accepted nodes that never ran,
+or everything since the last draft when a step drafted nothing) are fed at the
+start of the next proposal.
 """
 from __future__ import annotations
 
 import torch
-from transformers import DynamicCache
-
-from drafters.base import DecodeState, DraftTree, StepResult
 from drafters.tree_search import dynamic_tree, kept_entries, sample_chain
-from verify.cache import compact  # the same compaction the target's cache uses
+from verify.cache import KVBuffer  # the same cache class the verifier uses
+from verify.contract import Budget, DecodeState, DraftTree, StepResult
+from verify.forward import context_limit, run_model
+from verify.tree import MaskBuffer
 
 
 def check_same_vocabulary(target, draft, target_tokenizer=None, draft_tokenizer=None,
@@ -31,70 +34,64 @@ def check_same_vocabulary(target, draft, target_tokenizer=None, draft_tokenizer=
 
 
 class StandaloneDrafter:
-    """Chain of `k` tokens (top_k == 1) or an EAGLE-2 style dynamic tree from a small model.
+    """Chain (top_k == 1) or EAGLE-2 style dynamic tree from a small causal LM.
 
-    k: draft depth; top_k: children expanded per node (1 = chain); total_tokens: tree size cap.
+    max_depth: draft depth (K for a chain); max_nodes: tree size cap (a chain uses max_depth);
+    top_k: children expanded per node (1 = chain). The budget each step may be smaller.
     In sampling mode a chain is sampled from the draft at `temperature` (default: the sampling
-    temperature) and q returned; trees are deterministic
-    top-k proposals (one-hot q), which keeps acceptance lossless either way.
+    temperature) and q returned; trees are deterministic top-k proposals (one-hot q), which
+    keeps acceptance lossless either way.
     """
 
-    needs_hidden_states = False
+    hidden_layers: tuple[int, ...] = ()
 
-    def __init__(self, model, k: int = 4, top_k: int = 1, total_tokens: int | None = None,
+    def __init__(self, model, max_depth: int = 4, max_nodes: int | None = None, top_k: int = 1,
                  temperature: float | None = None, seed: int | None = None, target=None):
         if target is not None:
             check_same_vocabulary(target, model)
-        if k < 1:
-            raise ValueError(f"draft length k must be >= 1, got {k}")
+        if max_depth < 1:
+            raise ValueError(f"draft depth max_depth must be >= 1, got {max_depth}")
         if top_k < 1:
             raise ValueError(f"top_k must be >= 1, got {top_k}")
+        max_nodes = max_nodes or (max_depth if top_k == 1 else min(64, max_depth * top_k * 2))
+        if max_nodes < 1:
+            raise ValueError(f"max_nodes must be >= 1, got {max_nodes}")
         self.model = model.eval()
-        self.k, self.top_k = k, top_k
-        self.total_tokens = total_tokens or (k if top_k == 1 else min(64, k * top_k * 2))
-        if self.total_tokens < 1:
-            raise ValueError(f"total_tokens must be >= 1, got {self.total_tokens}")
+        self.top_k = top_k
+        self.budget_cap = Budget(max_depth, max_nodes)
         self.temperature = temperature
         self.gen = torch.Generator().manual_seed(seed) if seed is not None else None
-        self.max_len = getattr(model.config, "max_position_embeddings", None) or getattr(model.config, "n_positions", None)
+        self.max_len = context_limit(model)
+        self.masks = MaskBuffer(model.dtype, model.device)
+        self.cache = KVBuffer.for_model(model, capacity=0)
 
     def reset(self, prompt: torch.Tensor) -> None:
-        self.cache = DynamicCache(config=self.model.config)
-        self.cache_len = 0  # committed tokens held by the draft cache
-        self.run = 0  # draft-node entries appended after them this step
+        self.cache.reset()
+        self.cache.reserve(2 * prompt.numel() + 256)
 
-    def _forward(self, tokens, parent_ids, tree_mask, depths):
-        """Run draft nodes on top of the committed cache. tokens (k,), tree_mask (k, run + k)."""
-        k = tokens.numel()
-        kwargs = {}
-        if not bool(tree_mask.all()):  # a chain needs only the model's causal mask
-            allowed = torch.cat([torch.ones(k, self.cache_len, dtype=torch.bool), tree_mask], 1)
-            mask = torch.zeros(allowed.shape, dtype=self.model.dtype).masked_fill_(~allowed, torch.finfo(self.model.dtype).min)
-            kwargs = dict(attention_mask=mask[None, None].to(self.model.device),
-                          position_ids=(self.cache_len - 1 + depths)[None].to(self.model.device))
-        out = self.model(input_ids=tokens[None].to(self.model.device), cache=self.cache, use_cache=True, **kwargs)
-        self.run += k
+    def _forward(self, tokens, parent_rows, block, depths):
+        """Draft nodes on top of the committed cache (see drafters.tree_search)."""
+        offsets = None if block is None else depths - 1  # the root sits at committed length - 1
+        out = run_model(self.model, self.cache, self.masks, block, offsets, input_ids=tokens[None])
         return out.logits[0]
 
     @torch.no_grad()
     def propose(self, state: DecodeState) -> DraftTree:
-        depth = min(self.k, state.budget - 1)
-        if depth < 1 or (self.max_len and state.tokens.numel() + self.total_tokens > self.max_len):
+        budget = state.budget
+        depth = min(budget.max_depth, budget.max_nodes)
+        if depth < 1 or (self.max_len and state.tokens.numel() + budget.max_nodes > self.max_len):
             return DraftTree.empty(state.tokens.device)
-        # catch up on committed tokens the draft has not seen (at least the root)
-        new = state.tokens[self.cache_len:]
-        logits = self.model(input_ids=new[None].to(self.model.device), cache=self.cache, use_cache=True,
-                            logits_to_keep=1).logits[0, -1]
-        self.cache_len, self.run = state.tokens.numel(), 0
+        # catch up on committed tokens the draft has not seen (at least the root); they are committed at once
+        new = state.tokens[self.cache.lengths[0]:]
+        logits = run_model(self.model, self.cache, None, None, None, input_ids=new[None].to(self.model.device),
+                           logits_to_keep=1).logits[0, -1]
+        self.cache.commit(list(range(new.numel())))
         if self.top_k == 1:
-            tree = sample_chain(logits, self._forward, depth, state.greedy, self.gen,
+            return sample_chain(logits, self._forward, depth, state.greedy, self.gen,
                                 self.temperature or state.temperature)
-        else:
-            tree = dynamic_tree(logits, self._forward, depth, self.top_k, self.total_tokens)
-        return tree
+        return dynamic_tree(logits, self._forward, depth, self.top_k, budget.max_nodes)
 
     def update(self, result: StepResult) -> None:
-        # the verifier may have dropped the tree (context end): then nothing was accepted
-        entries = kept_entries(result.tree, result.accepted) if result.accepted else []
-        self.cache_len = compact(self.cache, self.cache_len, 0, self.run, entries)
-        self.run = 0
+        # keep the draft entries of the accepted path that went through the draft; drop the rest
+        entries = kept_entries(result.tree, result.accepted) if result.accepted and len(result.tree) else []
+        self.cache.commit(entries)

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from drafters.base import DraftTree
+from verify.contract import DraftTree
 from verify.accept import Sampling, accept, greedy_accept, sample_accept, target_probs
 
 V = 6

@@ -6,7 +6,7 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-from drafters.base import DraftTree, NoDrafter
+from verify.contract import DraftTree, NoDrafter
 from drafters.lookahead import LookaheadDrafter
 from drafters.standalone import StandaloneDrafter, check_same_vocabulary
 from tests.models import ARCHS, tiny_model
@@ -17,10 +17,10 @@ from verify.decode import generate
 def drafters_for(target, arch):
     small = tiny_model(arch, hidden=16, layers=1, seed=1)
     return {
-        "standalone-chain": lambda: StandaloneDrafter(small, k=3),
-        "standalone-tree": lambda: StandaloneDrafter(small, k=4, top_k=3, total_tokens=12),
-        "self-chain": lambda: StandaloneDrafter(target, k=5),  # accepts everything: long accepted paths
-        "self-tree": lambda: StandaloneDrafter(target, k=4, top_k=2, total_tokens=9),
+        "standalone-chain": lambda: StandaloneDrafter(small, max_depth=3),
+        "standalone-tree": lambda: StandaloneDrafter(small, max_depth=4, top_k=3, max_nodes=12),
+        "self-chain": lambda: StandaloneDrafter(target, max_depth=5),  # accepts everything: long accepted paths
+        "self-tree": lambda: StandaloneDrafter(target, max_depth=4, top_k=2, max_nodes=9),
         "lookahead": lambda: LookaheadDrafter(),
         "prompt-lookup": lambda: LookaheadDrafter(window=0),
     }
@@ -56,7 +56,7 @@ def test_every_drafter_is_lossless_under_greedy(arch):
 class OracleDrafter:
     """Proposes the next `k` tokens of a known reference, ignoring the budget."""
 
-    needs_hidden_states = False
+    hidden_layers = ()
 
     def __init__(self, reference, k):
         self.reference, self.k = reference, k
@@ -76,9 +76,10 @@ def test_budget_ending_mid_draft_is_cut_and_full_drafts_are_accepted():
     target = tiny_model("llama")
     prompt = torch.tensor([1, 2, 3])
     ref = plain(target, prompt, 40)
-    out = generate(target, prompt, drafter=OracleDrafter(ref, 5), max_new_tokens=14, eos_token_id=[])
-    assert out.tokens.tolist() == ref[:14]  # 1 (prefill) + 6 + 6 + a step of 6 cut to 1
-    assert [s.committed for s in out.stats.steps] == [1, 6, 6, 1]
+    out = generate(target, prompt, drafter=OracleDrafter(ref, 5), max_new_tokens=15, eos_token_id=[])
+    assert out.tokens.tolist() == ref[:15]  # 1 (prefill) + 6 + 6 + a step of 6 cut to 2
+    assert [s.committed for s in out.stats.steps] == [1, 6, 6, 2]
+    assert out.stats.steps[-1].budget_depth == 1  # the budget was clipped to the tokens left; the oracle ignored it
     assert out.stats.tau == pytest.approx(6.0)
     assert out.stats.acceptance_by_depth() == [1.0] * 5
 
@@ -86,7 +87,7 @@ def test_budget_ending_mid_draft_is_cut_and_full_drafts_are_accepted():
 def test_self_drafting_reaches_the_longest_paths():
     target = tiny_model("llama")
     prompt = torch.tensor([1, 2, 3])
-    out = generate(target, prompt, drafter=StandaloneDrafter(target, k=5), max_new_tokens=16, eos_token_id=[])
+    out = generate(target, prompt, drafter=StandaloneDrafter(target, max_depth=5), max_new_tokens=16, eos_token_id=[])
     assert out.tokens.tolist() == plain(target, prompt, 16)
     assert out.stats.tau == pytest.approx((6 + 6 + 3) / 3)  # the last draft is shortened to the budget
 
@@ -97,14 +98,14 @@ def test_eos_inside_an_accepted_draft_stops_there():
     ref = plain(target, prompt, 30)
     eos = ref[9]  # a token the self-draft will propose inside a longer accepted run
     stop = ref.index(eos) + 1
-    for drafter in (StandaloneDrafter(target, k=6), LookaheadDrafter(), NoDrafter()):
+    for drafter in (StandaloneDrafter(target, max_depth=6), LookaheadDrafter(), NoDrafter()):
         out = generate(target, prompt, drafter=drafter, max_new_tokens=30, eos_token_id=eos)
         assert out.tokens.tolist() == ref[:stop]
 
 
 def test_stats_are_consistent():
     target = tiny_model("llama")
-    out = generate(target, torch.arange(10), drafter=StandaloneDrafter(tiny_model("llama", hidden=16, layers=1, seed=1), k=3),
+    out = generate(target, torch.arange(10), drafter=StandaloneDrafter(tiny_model("llama", hidden=16, layers=1, seed=1), max_depth=3),
                    max_new_tokens=40, eos_token_id=[])
     s = out.stats
     assert s.new_tokens == 40
@@ -125,8 +126,8 @@ def test_bad_input_gives_clear_errors():
         generate(target, torch.tensor([1, 99]))
     with pytest.raises(ValueError, match="one sequence"):
         generate(target, torch.zeros(2, 3, dtype=torch.long))
-    with pytest.raises(ValueError, match="k must be"):
-        StandaloneDrafter(target, k=0)
+    with pytest.raises(ValueError, match="max_depth must be"):
+        StandaloneDrafter(target, max_depth=0)
     with pytest.raises(ValueError, match="max_new_tokens"):
         generate(target, torch.tensor([1]), max_new_tokens=0)
 
@@ -157,8 +158,8 @@ def test_sampling_through_drafts_follows_the_target(drafter_name):
     target = tiny_model("llama", vocab=V, hidden=16, layers=1, seed=3)
     small = tiny_model("llama", vocab=V, hidden=16, layers=1, seed=4)
     prompt = torch.tensor([1, 2, 3, 1, 2])
-    make = {"standalone-chain-q": lambda: StandaloneDrafter(small, k=2, seed=0),
-            "standalone-tree": lambda: StandaloneDrafter(small, k=2, top_k=3, total_tokens=6),
+    make = {"standalone-chain-q": lambda: StandaloneDrafter(small, max_depth=2, seed=0),
+            "standalone-tree": lambda: StandaloneDrafter(small, max_depth=2, top_k=3, max_nodes=6),
             "lookahead": lambda: LookaheadDrafter(ngram=3, window=3)}[drafter_name]
     exact = exact_first_three(target, prompt).sum(0).flatten()  # (t2, t3) after marginalising t1
     n = 1200
@@ -184,7 +185,7 @@ def test_sampling_through_drafts_follows_the_target(drafter_name):
 
 def test_standalone_checks_the_vocabulary_against_its_target():
     with pytest.raises(ValueError, match="vocabulary mismatch"):
-        StandaloneDrafter(tiny_model("llama", vocab=32), k=2, target=tiny_model("llama"))
+        StandaloneDrafter(tiny_model("llama", vocab=32), max_depth=2, target=tiny_model("llama"))
 
 
 def test_tokenizer_mismatch_names_both_tokenizers():
@@ -202,7 +203,7 @@ def test_drafts_running_past_the_context_end_are_dropped_not_fatal():
     target = tiny_model("llama", max_len=48)
     prompt = torch.arange(10)
     ref = plain(target, prompt, 38)  # fills the context exactly
-    for drafter in (LookaheadDrafter(window=7, ngram=4), StandaloneDrafter(target, k=5, top_k=2, total_tokens=9),
-                    StandaloneDrafter(target, k=4)):
+    for drafter in (LookaheadDrafter(window=7, ngram=4), StandaloneDrafter(target, max_depth=5, top_k=2, max_nodes=9),
+                    StandaloneDrafter(target, max_depth=4)):
         out = generate(target, prompt, drafter=drafter, max_new_tokens=38, eos_token_id=[])
         assert out.tokens.tolist() == ref

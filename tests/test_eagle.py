@@ -69,7 +69,7 @@ def test_greedy_matches_plain_random_draft(target2, kind):
     torch.manual_seed(7)
     layers = [0, 1, -1] if kind.startswith("eagle3") else None
     draft = EagleDraftModel.from_target(target2, layers)
-    drafter = EagleDrafter(target2, draft, depth=4, top_k=3, total_tokens=10, chain=kind.endswith("chain"))
+    drafter = EagleDrafter(target2, draft, max_depth=4, top_k=1 if kind.endswith("chain") else 3, max_nodes=10)
     for prompt in PROMPTS:
         for n in (1, 6, 17):
             ref = generate(target2, prompt, max_new_tokens=n, eos_token_id=[])
@@ -80,7 +80,7 @@ def test_greedy_matches_plain_random_draft(target2, kind):
 @pytest.mark.parametrize("chain", [False, True])
 @pytest.mark.parametrize("layers", [None, [0, 1]])
 def test_greedy_matches_plain_oracle_deep_accepts(target1, chain, layers):
-    drafter = EagleDrafter(target1, oracle_draft(target1, layers), depth=5, top_k=4, total_tokens=16, chain=chain)
+    drafter = EagleDrafter(target1, oracle_draft(target1, layers), max_depth=5, top_k=1 if chain else 4, max_nodes=16)
     deep = 0
     for prompt in PROMPTS:
         for n in (2, 9, 23):  # budgets that end mid-draft
@@ -130,7 +130,7 @@ def _from_scratch(target, draft, tokens, path_tokens):
 @pytest.mark.parametrize("greedy", [True, False])
 def test_draft_cache_matches_recomputation(target1, chain, layers, greedy):
     draft = oracle_draft(target1, layers, feature_mix=0.01)
-    drafter = Recorder(target1, draft, depth=4, top_k=3, total_tokens=9, chain=chain, seed=0)
+    drafter = Recorder(target1, draft, max_depth=4, top_k=1 if chain else 3, max_nodes=9, seed=0)
     sampling = Sampling() if greedy else Sampling(temperature=1.0)
     deepest = 0
     for prompt in PROMPTS[:2]:
@@ -160,7 +160,7 @@ def test_draft_cache_matches_recomputation(target1, chain, layers, greedy):
 
 @pytest.mark.parametrize("chain", [False, True])
 def test_oracle_draft_accepts_deep(target1, chain):
-    drafter = EagleDrafter(target1, oracle_draft(target1), depth=4, top_k=4, total_tokens=16, chain=chain)
+    drafter = EagleDrafter(target1, oracle_draft(target1), max_depth=4, top_k=1 if chain else 4, max_nodes=16)
     stats = None
     for prompt in PROMPTS[1:]:
         out = generate(target1, prompt, drafter=drafter, max_new_tokens=40, eos_token_id=[])
@@ -193,7 +193,7 @@ def test_sampling_is_lossless(chain):
     target = tiny_target(layers=1, vocab=16, seed=0, logit_scale=90.0)
     prompt = torch.tensor([3, 7, 1, 12, 5])
     exact = _exact_joint(target, prompt)
-    drafter = EagleDrafter(target, oracle_draft(target), depth=3, top_k=4, total_tokens=8, chain=chain, seed=0)
+    drafter = EagleDrafter(target, oracle_draft(target), max_depth=3, top_k=1 if chain else 4, max_nodes=8, seed=0)
     n = 2000
     counts = torch.zeros(16, 16)
     for s in range(n):
@@ -213,7 +213,7 @@ def test_save_load_roundtrip(tmp_path, target2):
     cfg = json.loads((tmp_path / "config.json").read_text())
     assert cfg["hidden_size"] == 32 and cfg["vocab_size"] == 64 and cfg["num_target_layers"] == 2
     assert cfg["feature_layers"] == [0, 1, 2] and (tmp_path / "model.safetensors").exists()
-    drafter = EagleDrafter.from_pretrained(str(tmp_path), target2, depth=3, top_k=2, total_tokens=6)
+    drafter = EagleDrafter.from_pretrained(str(tmp_path), target2, max_depth=3, top_k=2, max_nodes=6)
     loaded = drafter.draft
     assert next(loaded.parameters()).dtype == torch.float32
     assert not any(k.startswith("embed") or "lm_head" in k for k in loaded.state_dict())

@@ -9,7 +9,7 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from drafters.base import DecodeState, Drafter, StepResult
+from verify.contract import Budget, DecodeState, Drafter, StepResult
 from drafters.medusa import (MedusaDrafter, MedusaHeads, build_tree_choices, check_tree_choices, default_accuracies,
                              expected_accepted, has_adapter, load_medusa, load_target_with_adapter)
 from train.medusa import generate_batch, head_losses
@@ -149,13 +149,13 @@ def test_propose_instantiates_head_topk():
     heads = random_heads(target, num_heads=3)
     choices = [(0,), (0, 0), (0, 0, 0), (0, 1), (1,), (1, 0), (2,)]
     drafter = MedusaDrafter(target, heads, choices)
-    assert isinstance(drafter, Drafter) and drafter.needs_hidden_states
+    assert isinstance(drafter, Drafter) and drafter.hidden_layers == (-1,)
     prompt = torch.tensor([1, 2, 3])
     drafter.reset(prompt)
-    state = DecodeState(prompt, 3, budget=10, greedy=True)
+    state = DecodeState(prompt, 3, budget=Budget(3, 10), greedy=True)
     assert len(drafter.propose(state)) == 0  # no hidden state yet: the empty tree
     h = torch.randn(4, 32)
-    drafter.update(StepResult(torch.tensor([4]), prompt, (h, h), torch.zeros(1, 64), None, []))
+    drafter.update(StepResult(torch.tensor([4]), prompt, (h,), torch.zeros(1, 64), None, []))
     tree = drafter.propose(state).validate(64)
     assert tree.q is None
     with torch.no_grad():
@@ -163,10 +163,12 @@ def test_propose_instantiates_head_topk():
     want = [int(top[len(p) - 1, p[-1]]) for p in choices]
     assert tree.tokens.tolist() == want
     assert tree.parents.tolist() == [-1, 0, 1, 0, -1, 4, -1]
-    # a budget of 2 leaves room for depth 1 only; a budget of 1 for nothing
-    shallow = drafter.propose(DecodeState(prompt, 3, budget=2, greedy=True)).validate(64)
+    small = drafter.propose(DecodeState(prompt, 3, budget=Budget(2, 3), greedy=True)).validate(64)
+    assert len(small) == 3 and small.max_depth <= 2  # a smaller budget keeps the most valuable subtree
+    # a depth budget of 1 keeps the root's children only; an empty budget nothing
+    shallow = drafter.propose(DecodeState(prompt, 3, budget=Budget(1, 10), greedy=True)).validate(64)
     assert shallow.tokens.tolist() == [want[0], want[4], want[6]] and shallow.parents.tolist() == [-1, -1, -1]
-    assert len(drafter.propose(DecodeState(prompt, 3, budget=1, greedy=True))) == 0
+    assert len(drafter.propose(DecodeState(prompt, 3, budget=Budget(0, 0), greedy=True))) == 0
 
 
 # ----------------------------------------------------------------------------- greedy equality

@@ -1,12 +1,11 @@
 """Tree masks, positions and the one-forward tree verification against path-by-path logits."""
 import pytest
 import torch
-from transformers import DynamicCache
-
-from drafters.base import DraftTree
 from tests.models import ARCHS, tiny_model
-from verify.forward import Verifier, probe_tree_attention
-from verify.tree import ancestor_matrix, is_chain, path_slots, tree_attention_mask, tree_positions
+from verify.cache import KVBuffer
+from verify.contract import DraftTree
+from verify.forward import Verifier, probe_tree_attention, run_model
+from verify.tree import MaskBuffer, path_slots, positions, verify_block, verify_offsets
 
 # a tree with two branches of different depths:  root -> 0 -> 2 -> 4 ; root -> 1 -> 3
 TREE = DraftTree(torch.tensor([5, 6, 7, 8, 9]), torch.tensor([-1, -1, 0, 1, 2])).validate()
@@ -15,28 +14,102 @@ TREE = DraftTree(torch.tensor([5, 6, 7, 8, 9]), torch.tensor([-1, -1, 0, 1, 2]))
 def test_depths_children_and_ancestors():
     assert TREE.depth == [0, 1, 1, 2, 2, 3]
     assert TREE.children[0] == [1, 2] and TREE.children[1] == [3]
-    anc = ancestor_matrix(TREE)
+    anc = TREE.ancestors
     assert anc[4].tolist() == [True, False, True, False, True]
     assert anc[3].tolist() == [False, True, False, True, False]
     assert path_slots(TREE, 4) == [0, 2, 4]
 
 
 def test_mask_and_positions_shape_and_content():
-    mask = tree_attention_mask(TREE, cache_len=3, prefix_len=2, dtype=torch.float32, device="cpu")
+    masks = MaskBuffer(torch.float32, "cpu")
+    mask = masks([3], verify_block(TREE, prefix_len=2))
     assert mask.shape == (1, 1, 7, 10)
     allowed = mask[0, 0] == 0
     assert allowed[:, :3].all()  # everyone sees the cache
     assert allowed[0, 3] and not allowed[0, 4]  # the prefix is causal
     assert allowed[2:, 3:5].all()  # nodes see the whole prefix
     assert allowed[6, 5:].tolist() == [True, False, True, False, True]  # node 4 sees 0, 2 and itself
-    pos = tree_positions(TREE, cache_len=3, prefix_len=2, device="cpu")
+    pos = positions([3], verify_offsets(TREE, prefix_len=2))
     assert pos.tolist() == [[3, 4, 5, 5, 6, 6, 7]]
 
 
+def test_mask_buffer_is_reused_and_cleared_between_calls():
+    masks = MaskBuffer(torch.float32, "cpu")
+    first = masks([3], verify_block(TREE, prefix_len=2)).clone()
+    chain = DraftTree.chain([1, 2]).validate()
+    later = masks([9], verify_block(chain, prefix_len=1))  # the earlier block now lies in the visible past
+    assert later.shape == (1, 1, 3, 12)
+    assert (later[0, 0, :, :9] == 0).all()  # nothing of the first call survives
+    assert (later[0, 0] == 0).sum() == 9 * 3 + 6  # causal 3 x 3 block
+    again = masks([3], verify_block(TREE, prefix_len=2))
+    assert torch.equal(again, first)
+
+
+def test_ragged_rows_hide_the_columns_past_their_length():
+    masks = MaskBuffer(torch.float32, "cpu")
+    block = torch.ones(1, 1, dtype=torch.bool)
+    mask = masks([2, 5], block)  # row 0 has 2 entries, row 1 has 5; one new token each
+    allowed = mask[:, 0, 0] == 0
+    assert allowed[0].tolist() == [True, True, True, False, False, False]
+    assert allowed[1].tolist() == [True] * 6
+
+
 def test_is_chain():
-    assert is_chain(DraftTree.chain(torch.tensor([1, 2, 3])).validate())
-    assert is_chain(DraftTree.empty().validate())
-    assert not is_chain(TREE)
+    assert DraftTree.chain(torch.tensor([1, 2, 3])).validate().is_chain
+    assert DraftTree.empty().validate().is_chain
+    assert not TREE.is_chain
+
+
+def _filled(model, tokens, kv):
+    """Run `tokens` into kv as one forward (pending), returning the per-layer keys of a fresh run."""
+    run_model(model, kv, None, None, None, input_ids=tokens[None])
+
+
+@pytest.mark.parametrize("keep", [[0, 1, 2, 3], [0, 1, 4, 6], [0, 1], [0, 1, 5]])
+def test_commit_keeps_exactly_the_right_entries(keep):
+    """After commit(keep) the buffer equals a cache built from scratch for the kept tokens (prefix,
+    non-prefix and empty acceptances), because the kept entries' positions were their final ones."""
+    model = tiny_model("llama")
+    seq = torch.tensor([3, 1, 4, 1, 5, 9, 2, 6, 5])
+    kv = KVBuffer.for_model(model, capacity=4)  # small: forces the buffer to grow
+    _filled(model, seq[:2], kv)
+    kv.commit([0, 1])
+    # a tree whose nodes all sit at position 2 + depth - 1 == 2 (siblings): their keys depend on position
+    tree = DraftTree.from_lists(seq[2:9].tolist(), [-1] * 7).validate()
+    run_model(model, kv, MaskBuffer(torch.float32, "cpu"), verify_block(tree, 0), verify_offsets(tree, 0) + 1,
+              input_ids=tree.tokens[None])
+    kept_nodes = [k - 2 for k in keep[2:]]
+    kv.commit([k - 2 for k in keep[2:]])  # offsets among the pending entries
+    assert kv.lengths == [2 + len(kept_nodes)]
+    # reference: each kept sibling run on its own after the prefix, at the same position (it saw only the prefix)
+    for i, node in enumerate(kept_nodes):
+        ref = KVBuffer.for_model(model, capacity=16)
+        _filled(model, seq[:2], ref)
+        ref.commit([0, 1])
+        run_model(model, ref, MaskBuffer(torch.float32, "cpu"), torch.ones(1, 1, dtype=torch.bool),
+                  torch.tensor([1]), input_ids=tree.tokens[node][None, None])
+        for a, b in zip(kv.layers, ref.layers):
+            torch.testing.assert_close(a.keys[:, :, :2], b.keys[:, :, :2])
+            torch.testing.assert_close(a.keys[:, :, 2 + i], b.keys[:, :, 2])
+            torch.testing.assert_close(a.values[:, :, 2 + i], b.values[:, :, 2])
+
+
+def test_commit_copies_only_what_moves(monkeypatch):
+    kv = KVBuffer(num_layers=2, capacity=8)
+    k = torch.arange(6.0).view(1, 1, 6, 1)
+    for layer in kv.layers:
+        layer.update(k, k)
+    kv.end_forward()
+    moved = []
+    monkeypatch.setattr(type(kv.layers[0]), "move", lambda self, r, s, d: moved.append(s.tolist()))
+    kv.commit([0, 1, 2])
+    assert moved == []  # a prefix: nothing copied
+    kv.reset()
+    for layer in kv.layers:
+        layer.update(k, k)
+    kv.end_forward()
+    kv.commit([0, 1, 4])
+    assert moved == [[4], [4]]  # one entry per layer, nothing else
 
 
 @pytest.mark.parametrize("parents", [[0], [-1, 1], [-1, 5], [-1, -2]])
@@ -62,11 +135,11 @@ def test_tree_forward_equals_each_path_run_alone(arch):
     model = tiny_model(arch)
     assert probe_tree_attention(model)
     prompt = torch.tensor([3, 1, 4, 1, 5, 9, 2, 6])
-    ver = Verifier(model)
+    ver = Verifier(model, capacity=6)
     # put the first 5 tokens in the cache, feed 3 as the prefix, then the tree on top
-    ver.forward(prompt[:5], DraftTree.empty().validate(), hidden=False)
-    ver.cache_len = 5
-    logits, _ = ver.forward(prompt[5:], TREE, hidden=False)
+    ver.forward(prompt[:5], DraftTree.empty().validate())
+    ver.commit(5, [])
+    logits, _ = ver.forward(prompt[5:], TREE)
     assert logits.shape == (len(TREE) + 1, 64)
     with torch.no_grad():
         root_ref = model(input_ids=prompt[None]).logits[0, -1]
@@ -83,6 +156,19 @@ def test_model_without_tree_attention_gets_a_clear_error(monkeypatch):
     model = tiny_model("llama")
     model._draftkit_tree_ok = False  # as if the probe had found wrong tree logits
     ver = Verifier(model)
-    ver.forward(torch.tensor([1, 2, 3]), DraftTree.chain(torch.tensor([4, 5])).validate(), hidden=False)  # chains run
+    ver.forward(torch.tensor([1, 2, 3]), DraftTree.chain(torch.tensor([4, 5])).validate())  # chains run
+    ver.commit(3, [0, 1])
     with pytest.raises(TreeAttentionUnsupported, match="LlamaForCausalLM.*chain"):
-        ver.forward(torch.tensor([1]), TREE, hidden=False)
+        ver.forward(torch.tensor([1]), TREE)
+
+
+def test_verify_never_imports_drafters():
+    """The contract lives in verify/; drafters/ implement it. An import the other way is an error."""
+    import pathlib
+    import re
+
+    root = pathlib.Path(__file__).resolve().parent.parent / "verify"
+    offenders = [str(p.name) for p in root.glob("*.py")
+                 if re.search(r"^\s*(from|import)\s+drafters\b", p.read_text(), re.M)]
+    assert root.exists() and len(list(root.glob("*.py"))) >= 6
+    assert offenders == []

@@ -31,7 +31,7 @@ def test_manifest_records_hashes_and_provenance(tiny_zoo):
 
 def test_three_line_api(tiny_zoo):
     target, tok = dk.load_target()
-    out = dk.generate(target, tok("def add(a, b):").input_ids, dk.make_drafter("standalone", target, k=3),
+    out = dk.generate(target, tok("def add(a, b):").input_ids, dk.make_drafter("standalone", target, max_depth=3),
                       max_new_tokens=12, eos_token_id=[])
     assert out.tokens.numel() == 12 and out.lossless
     plain = dk.generate(target, tok("def add(a, b):").input_ids, max_new_tokens=12, eos_token_id=[])

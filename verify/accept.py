@@ -10,7 +10,9 @@ target kept; the bonus token is the one token the target adds after them.
   children in order, accept child x with probability min(1, p(x) / q(x)); after
   a rejection p <- normalize(max(p - q, 0)); when no child is accepted the bonus
   is drawn from what remains of p. With q one-hot (deterministic drafts) this is
-  "accept x with probability p(x), else zero p(x) and renormalize".
+  "accept x with probability p(x), else zero p(x) and renormalize". Children drawn
+  from q without replacement use recursive rejection sampling instead: q loses
+  each rejected sibling's token and is renormalized before the next sibling.
 - typical (Medusa): accept x if p(x) > min(eps, delta * exp(-H(p))). LOSSY: the
   output no longer follows the target distribution; opt-in only.
 
@@ -18,11 +20,12 @@ Logits arrive as (n + 1, V): row 0 is the root's slot, row i + 1 node i's.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
 
-from drafters.base import DraftTree
+from verify.contract import WITHOUT_REPLACEMENT, DraftTree
 
 
 @dataclass
@@ -37,9 +40,9 @@ class Sampling:
     typical_delta: float = 0.3
 
     def __post_init__(self):
-        if self.temperature < 0:
+        if not math.isfinite(self.temperature) or self.temperature < 0:
             raise ValueError(f"temperature must be >= 0, got {self.temperature}")
-        if not 0 < self.top_p <= 1:
+        if not (0 < self.top_p <= 1):  # also rejects nan
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.top_k < 0:
             raise ValueError(f"top_k must be >= 0, got {self.top_k}")
@@ -73,9 +76,15 @@ def target_probs(logits: torch.Tensor, s: Sampling) -> torch.Tensor:
 
 
 def greedy_accept(tree: DraftTree, logits: torch.Tensor) -> tuple[list[int], int]:
-    """Longest path matching argmax p, then the bonus argmax p. Returns (node indices, bonus)."""
-    best = logits.argmax(-1).tolist()  # one sync for the whole tree
-    tokens = tree.tokens.tolist()
+    """Longest path matching argmax p, then the bonus argmax p. Returns (node indices, bonus).
+    One host read: argmax p per slot (with the node tokens when the tree was built on the device)."""
+    best = logits.argmax(-1)
+    if tree._tokens is None and len(tree):
+        both = torch.cat([best, tree.tokens]).tolist()
+        best, tree._tokens = both[:len(tree) + 1], both[len(tree) + 1:]
+    else:
+        best = best.tolist()
+    tokens = tree.host_tokens
     children, slot, accepted = tree.children, 0, []
     while True:
         want = best[slot]
@@ -90,30 +99,72 @@ def _draw(p: torch.Tensor, gen: torch.Generator | None) -> int:
     return int(torch.multinomial(p, 1, generator=gen))
 
 
+def _sibling_table(tree: DraftTree, device) -> tuple[list[int], torch.Tensor]:
+    """Slots that have children and a (R, C) table of their child node indices, -1 padded."""
+    slots = [s for s, kids in enumerate(tree.children) if kids]
+    width = max(len(tree.children[s]) for s in slots)
+    table = [[c - 1 for c in tree.children[s]] + [-1] * (width - len(tree.children[s])) for s in slots]
+    return slots, torch.tensor(table, dtype=torch.long, device=device)
+
+
 def sample_accept(tree: DraftTree, p_all: torch.Tensor, gen: torch.Generator | None = None) -> tuple[list[int], int]:
-    """Lossless multi-draft speculative sampling over the tree. p_all is (n + 1, V)."""
-    tokens = tree.tokens.tolist()
-    children, slot, accepted = tree.children, 0, []
-    while True:
-        p = p_all[slot]
-        nxt = None
-        for c in children[slot]:
-            x = tokens[c - 1]
-            q = None if tree.q is None else tree.q[c - 1].float()
-            ratio = p[x] if q is None else p[x] / q[x].clamp_min(1e-20)
-            if torch.rand((), generator=gen) < ratio:
-                nxt = c
-                break
-            residual = p.clone() if q is None else (p - q).clamp_min(0)
-            if q is None:
-                residual[x] = 0
-            total = residual.sum()
-            # total == 0 only if p == q, where rejection has probability 0; keep p then.
-            p = residual / total if total > 0 else p
-        if nxt is None:
-            return accepted, _draw(p, gen)
-        accepted.append(nxt - 1)
-        slot = nxt
+    """Lossless multi-draft speculative sampling over the tree. p_all is (n + 1, V).
+
+    The outcome at a slot depends only on that slot's p, its children and fresh randomness, so
+    every slot is decided at once, one sibling rank at a time with tensor ops (R slots with
+    children, C the most children of one slot); the walk from the root then reads the results
+    back once. Uniforms drawn for slots off the accepted path are simply never used.
+    Per sibling j of a slot, with p the slot's current (residual) distribution:
+      iid draws (SpecInfer):  accept x_j w.p. min(1, p(x_j) / q(x_j)); else p <- norm(max(p - q, 0))
+      without replacement (recursive rejection sampling, Jeon et al. 2024): q_j is q with the
+        earlier siblings' tokens removed and renormalized; accept w.p. min(1, p(x_j) / q_j(x_j));
+        else p <- norm(max(p - q_j, 0))
+      one-hot q (q is None): accept w.p. p(x_j); else p(x_j) <- 0 and renormalize.
+    The bonus is drawn from what remains of p at the slot where the walk stops.
+    """
+    n_slots, dev = p_all.shape[0], p_all.device
+    final = p_all.float().clone()  # (S, V): the distribution each slot's bonus is drawn from
+    rank = None
+    if len(tree):
+        slots, kids = _sibling_table(tree, dev)  # (R, C)
+        rows = torch.tensor(slots, device=dev)
+        p = final[rows]  # (R, V)
+        xs = tree.tokens[kids.clamp_min(0)]  # (R, C) sibling tokens
+        u = torch.rand(kids.shape, generator=gen, device=dev)
+        rank = torch.full((len(slots),), -1, dtype=torch.long, device=dev)
+        q_sib = None if tree.q is None else tree.q.float()[kids.clamp_min(0)]  # (R, C, V)
+        removed = torch.zeros_like(p) if tree.draws == WITHOUT_REPLACEMENT else None
+        for j in range(kids.shape[1]):
+            live = (kids[:, j] >= 0) & (rank < 0)
+            x = xs[:, j:j + 1]
+            px = p.gather(1, x)[:, 0]
+            if q_sib is None:
+                ratio, q_j = px, None
+            else:
+                q_j = q_sib[:, j]
+                if removed is not None:  # the earlier siblings cannot be drawn again
+                    q_j = q_j * (1 - removed)
+                    q_j = q_j / q_j.sum(-1, keepdim=True).clamp_min(1e-30)
+                    removed = removed.scatter(1, x, 1.0)
+                ratio = px / q_j.gather(1, x)[:, 0].clamp_min(1e-20)
+            ok = live & (u[:, j] < ratio)
+            rank = torch.where(ok, j, rank)
+            residual = p.scatter(1, x, 0.0) if q_j is None else (p - q_j).clamp_min(0)
+            total = residual.sum(-1, keepdim=True)
+            # total == 0 only if p == q, where rejection has probability 0; keep p then
+            residual = torch.where(total > 0, residual / total.clamp_min(1e-30), p)
+            p = torch.where((live & ~ok)[:, None], residual, p)
+        final[rows] = p
+    bonus = torch.multinomial(final, 1, generator=gen)[:, 0]  # (S,)
+    if rank is None:
+        return [], int(bonus[0])
+    host = torch.cat([rank, bonus]).tolist()  # the one host read of the step
+    rank_of, bonus = dict(zip(slots, host[:len(slots)])), host[len(slots):]
+    slot, accepted = 0, []
+    while rank_of.get(slot, -1) >= 0:
+        slot = tree.children[slot][rank_of[slot]]
+        accepted.append(slot - 1)
+    return accepted, bonus[slot]
 
 
 def typical_accept(tree: DraftTree, p_all: torch.Tensor, s: Sampling,
@@ -121,7 +172,7 @@ def typical_accept(tree: DraftTree, p_all: torch.Tensor, s: Sampling,
     """Medusa's typical acceptance (lossy): most likely child above the entropy threshold."""
     entropy = -(p_all * p_all.clamp_min(1e-20).log()).sum(-1)
     threshold = torch.minimum(torch.full_like(entropy, s.typical_eps), s.typical_delta * torch.exp(-entropy)).tolist()
-    tokens = tree.tokens.tolist()
+    tokens = tree.host_tokens
     children, slot, accepted = tree.children, 0, []
     while True:
         kids = children[slot]

@@ -1,44 +1,185 @@
-"""KV cache compaction after a verification step.
+"""A preallocated KV cache with a batch dimension, per-row lengths and O(accepted) commits.
 
-The forward appended entries for the prefix and for every draft node. We keep
-the prefix (it is committed) and the accepted nodes, in order, and drop the
-rest. Nothing is recomputed: kept entries already hold the right keys and
-values, and their rotary positions were the committed positions. When the
-accepted nodes are the first ones in the flat order (always for chains, and
-for trees laid out depth-first along their best branch) compaction is a crop.
+Each layer holds keys and values in one buffer of shape (B, H_kv, capacity, D).
+Row b's committed entries sit at [0, lengths[b]). A forward appends its q new
+entries per row right after that row's committed ones and any entries still
+pending from earlier forwards of the same step (drafters run several forwards
+per step):
+
+    row b:  [ committed: lengths[b] ][ pending: `pending` ][ new: q ] ... garbage
+
+Nothing is concatenated and nothing is copied on the way in. `commit(keep)`
+then keeps, per row, the pending entries named in `keep` (in order): those
+already in place (a prefix of the pending region: the fed prefix, a chain,
+the best branch laid out first) are not touched; only the others are moved,
+one indexed copy per layer. The garbage past each row's length is never read:
+the attention mask hides it (verify/tree.py).
+
+It is a transformers `Cache`, so any causal LM writes into it through its own
+attention layers (`model(..., cache=kv)`).
 """
 from __future__ import annotations
 
 import torch
-from transformers import Cache
+from transformers.cache_utils import Cache, CacheLayerMixin
 
 
-def _layers(cache: Cache):
-    layers = getattr(cache, "layers", None)
-    if layers is None:
-        raise TypeError(f"{type(cache).__name__} has no .layers; draftkit needs a transformers 5.x DynamicCache")
-    return layers
+class BufferLayer(CacheLayerMixin):
+    """One layer's keys and values: (B, H_kv, capacity, D), allocated at the first write."""
+
+    is_sliding = False
+
+    def __init__(self, owner: "KVBuffer"):
+        super().__init__()
+        self.owner = owner
+
+    def lazy_initialization(self, key_states, value_states) -> None:
+        b, h, _, d = key_states.shape
+        self.device = key_states.device
+        cap = self.owner.capacity
+        self.keys = key_states.new_zeros(b, h, cap, d)
+        self.values = value_states.new_zeros(b, h, cap, value_states.shape[-1])
+        self.is_initialized = True
+
+    def grow(self, capacity: int) -> None:
+        if self.is_initialized and self.keys.shape[2] < capacity:
+            pad = capacity - self.keys.shape[2]
+            self.keys = torch.cat([self.keys, self.keys.new_zeros(*self.keys.shape[:2], pad, self.keys.shape[3])], 2)
+            self.values = torch.cat([self.values, self.values.new_zeros(*self.values.shape[:2], pad,
+                                                                        self.values.shape[3])], 2)
+
+    def update(self, key_states, value_states, *args, **kwargs):
+        """key_states (B, H_kv, q, D) -> all keys a query of this forward may see: (B, H_kv, W, D)."""
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        q = key_states.shape[2]
+        start, width = self.owner.write_window(q)
+        if isinstance(start, int):  # every row at the same length: one slice copy
+            self.keys[:, :, start:start + q] = key_states
+            self.values[:, :, start:start + q] = value_states
+        else:  # ragged rows: start (B, 1) and the (B, q) positions in one indexed copy
+            pos = start + torch.arange(q, device=start.device)
+            rows = torch.arange(pos.shape[0], device=pos.device)[:, None]
+            self.keys[rows, :, pos] = key_states.transpose(1, 2)
+            self.values[rows, :, pos] = value_states.transpose(1, 2)
+        return self.keys[:, :, :width], self.values[:, :, :width]
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return self.owner.get_seq_length() + query_length, 0
+
+    def get_seq_length(self) -> int:
+        return self.owner.get_seq_length()
+
+    def get_max_length(self) -> int:
+        return -1
+
+    def move(self, rows: torch.Tensor, src: torch.Tensor, dst: torch.Tensor) -> None:
+        """keys[rows[i], :, dst[i]] = keys[rows[i], :, src[i]] for each kept entry i (a gather, then a scatter)."""
+        self.keys[rows, :, dst] = self.keys[rows, :, src]
+        self.values[rows, :, dst] = self.values[rows, :, src]
 
 
-def compact(cache: Cache, cache_len: int, prefix_len: int, n_nodes: int, accepted: list[int]) -> int:
-    """Drop the entries of rejected nodes. Returns the new cache length.
+class KVBuffer(Cache):
+    """The KV cache of one model for a batch of B rows (the verifier's, and a draft model's own).
 
-    Before: cache_len + prefix_len + n_nodes entries; node i sits at cache_len + prefix_len + i.
-    After:  cache_len + prefix_len + len(accepted) entries.
+    lengths: committed entries per row (host ints). pending: entries appended by forwards since
+    the last commit, the same count for every row. capacity grows by doubling if a sequence
+    outgrows it, so size it to prompt + new tokens + the largest tree to never grow.
     """
-    base = cache_len + prefix_len
-    keep_len = base + len(accepted)
-    if len(accepted) == n_nodes:  # every node kept (or none drafted): nothing to drop
-        return keep_len
-    if accepted == list(range(len(accepted))):  # contiguous: a crop
-        for layer in _layers(cache):
-            layer.keys = layer.keys[..., :keep_len, :]
-            layer.values = layer.values[..., :keep_len, :]
-        return keep_len
-    idx = torch.arange(base, device=_layers(cache)[0].keys.device)
-    idx = torch.cat([idx, torch.tensor(accepted, device=idx.device) + base])
-    for layer in _layers(cache):
-        # (B, H, T, D) -> gather along T
-        layer.keys = layer.keys.index_select(-2, idx)
-        layer.values = layer.values.index_select(-2, idx)
-    return keep_len
+
+    def __init__(self, num_layers: int, batch_size: int = 1, capacity: int = 256):
+        self.capacity = max(int(capacity), 1)
+        super().__init__(layers=[BufferLayer(self) for _ in range(num_layers)])
+        self.lengths = [0] * batch_size
+        self.pending = 0
+        self._q = 0  # size of the forward in flight (set by the first layer's write)
+        self._ragged_start = None
+
+    @classmethod
+    def for_model(cls, model, batch_size: int = 1, capacity: int = 256) -> "KVBuffer":
+        cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+        n = getattr(cfg, "num_hidden_layers", None) or getattr(cfg, "n_layer")
+        return cls(int(n), batch_size, capacity)
+
+    # -- the forward's view -------------------------------------------------------------------
+    @property
+    def batch_size(self) -> int:
+        return len(self.lengths)
+
+    @property
+    def ragged(self) -> bool:
+        return len(set(self.lengths)) > 1
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        """Entries before the forward in flight in the longest row (what transformers calls the past)."""
+        return max(self.lengths) + self.pending
+
+    def write_window(self, q: int):
+        """(start, width) for a forward of q tokens: start is an int (even rows) or a (B, 1) tensor."""
+        self._q = q
+        width = self.get_seq_length() + q
+        if width > self.capacity:
+            self.reserve(2 * width)
+        if not self.ragged:
+            return self.lengths[0] + self.pending, width
+        if self._ragged_start is None:
+            dev = self.layers[0].keys.device
+            self._ragged_start = torch.tensor(self.lengths, device=dev)[:, None] + self.pending
+        return self._ragged_start, width
+
+    def reserve(self, capacity: int) -> None:
+        """Make room for `capacity` entries per row (a copy only when the buffer must grow)."""
+        if capacity > self.capacity:
+            self.capacity = capacity
+            for layer in self.layers:
+                layer.grow(capacity)
+
+    def end_forward(self) -> None:
+        """The forward in flight is done: its entries become pending."""
+        self.pending += self._q
+        self._q = 0
+        self._ragged_start = None
+
+    # -- commit -------------------------------------------------------------------------------
+    def commit(self, keep: list[list[int]] | list[int]) -> None:
+        """Keep, per row, the pending entries at offsets `keep[b]` (ascending), in that order; drop the
+        rest. A flat list applies to every row. Only entries that must move are copied."""
+        if keep and isinstance(keep[0], int) or not keep:
+            keep = [keep] * self.batch_size
+        rows, src, dst = [], [], []
+        for b, offsets in enumerate(keep):
+            base = self.lengths[b]
+            for i, off in enumerate(offsets):
+                if off != i:
+                    rows.append(b)
+                    src.append(base + off)
+                    dst.append(base + i)
+            self.lengths[b] = base + len(offsets)
+        self.pending = 0
+        if rows and self.layers[0].is_initialized:
+            dev = self.layers[0].keys.device
+            idx = torch.tensor([rows, src, dst], device=dev)
+            for layer in self.layers:
+                layer.move(idx[0], idx[1], idx[2])
+
+    def drop_pending(self) -> None:
+        self.commit([[] for _ in self.lengths])
+
+    def truncate(self, row: int, length: int) -> None:
+        """Forget row `row`'s entries from `length` on (a draft cache that ran ahead of the text)."""
+        self.lengths[row] = min(self.lengths[row], length)
+
+    def reset(self) -> None:
+        self.lengths = [0] * len(self.lengths)
+        self.pending = 0
+
+    def nbytes(self) -> int:
+        """Bytes this buffer holds (allocated, not only used)."""
+        return sum(layer.keys.numel() * layer.keys.element_size() * 2 for layer in self.layers
+                   if layer.is_initialized)
+
+    def used_bytes(self) -> int:
+        """Bytes of the committed entries (what a cache sized exactly to the text would hold)."""
+        per = sum(layer.keys[0, :, 0].numel() * layer.keys.element_size() * 2 for layer in self.layers
+                  if layer.is_initialized)
+        return per * sum(self.lengths)

@@ -1,4 +1,4 @@
-"""One target forward over [prefix] + draft tree on top of the KV cache.
+"""One target forward over [prefix] + draft tree on top of the verifier's KV buffer.
 
 Works for any transformers causal LM that accepts a 4D additive attention mask
 and explicit position ids (Llama, Qwen2, Mistral, GPT-2, ...). Chains need
@@ -9,25 +9,31 @@ attention wrong is caught by a one-time probe and limited to chains.
 from __future__ import annotations
 
 import torch
-from transformers import DynamicCache
 
-from drafters.base import DraftTree
-from verify.tree import is_chain, tree_attention_mask, tree_positions
+from verify.cache import KVBuffer
+from verify.contract import DraftTree
+from verify.tree import MaskBuffer, positions, verify_block, verify_offsets
 
 
 class TreeAttentionUnsupported(RuntimeError):
     pass
 
 
-def model_forward(model, input_ids, cache, cache_len, tree: DraftTree, prefix_len: int,
-                  logits_to_keep: int, hidden: bool):
-    """Raw forward; returns the transformers output. input_ids (1, m + n)."""
-    kwargs = dict(input_ids=input_ids, cache=cache, use_cache=True, logits_to_keep=logits_to_keep,
-                  output_hidden_states=hidden)
-    if not is_chain(tree):
-        kwargs["attention_mask"] = tree_attention_mask(tree, cache_len, prefix_len, model.dtype, model.device)
-        kwargs["position_ids"] = tree_positions(tree, cache_len, prefix_len, model.device)
-    return model(**kwargs)
+def run_model(model, kv: KVBuffer, masks: MaskBuffer | None, block: torch.Tensor | None,
+              offsets: torch.Tensor | None, **inputs):
+    """model(**inputs) on top of `kv`; the new entries become pending in kv.
+
+    block (q, C) bool: what each new token sees among the pending and new entries; offsets (q,)
+    long: positions relative to each row's committed length (see verify/tree.py). None: the new
+    tokens follow the pending ones causally, so the model builds its own mask (even rows only).
+    """
+    if block is not None:
+        inputs["attention_mask"] = masks(kv.lengths, block)
+        inputs["position_ids"] = positions(kv.lengths, offsets)
+    try:
+        return model(cache=kv, use_cache=True, **inputs)
+    finally:
+        kv.end_forward()
 
 
 def probe_tree_attention(model, atol: float = 1e-3) -> bool:
@@ -36,53 +42,76 @@ def probe_tree_attention(model, atol: float = 1e-3) -> bool:
     if cached is not None:
         return cached
     dev = model.device
-    vocab = model.config.vocab_size
-    prefix = torch.tensor([[1 % vocab, 2 % vocab]], device=dev)
-    tree = DraftTree(torch.tensor([3 % vocab, 4 % vocab, 5 % vocab], device=dev),
-                     torch.tensor([-1, -1, 1], device=dev)).validate()
+    vocab = model.config.get_text_config().vocab_size if hasattr(model.config, "get_text_config") \
+        else model.config.vocab_size
+    prefix = torch.tensor([1 % vocab, 2 % vocab], device=dev)
+    tree = DraftTree.from_lists([3 % vocab, 4 % vocab, 5 % vocab], [-1, -1, 1], dev).validate()
     ok = True
     with torch.no_grad():
         try:
-            out = model_forward(model, torch.cat([prefix, tree.tokens[None]], 1), DynamicCache(config=model.config),
-                                0, tree, 2, 4, False).logits[0].float()
+            kv = KVBuffer.for_model(model, capacity=8)
+            out = run_model(model, kv, MaskBuffer(model.dtype, dev), verify_block(tree, 2), verify_offsets(tree, 2),
+                            input_ids=torch.cat([prefix, tree.tokens])[None]).logits[0].float()
             # branch 2: prefix + node 1 + node 2 on its own
-            ref = model(input_ids=torch.cat([prefix, tree.tokens[None, 1:]], 1)).logits[0, -3:].float()
-            ok = torch.allclose(out[[0, 2, 3]], ref, atol=atol, rtol=1e-3)
+            ref = model(input_ids=torch.cat([prefix, tree.tokens[1:]])[None]).logits[0, -3:].float()
+            ok = torch.allclose(out[[1, 3, 4]], ref, atol=atol, rtol=1e-3)
         except Exception:  # the model rejected a 4D mask or position ids
             ok = False
     model._draftkit_tree_ok = ok
     return ok
 
 
+def output_vocab(model) -> int:
+    return model.get_output_embeddings().weight.shape[0]
+
+
+def context_limit(model) -> int | None:
+    cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    return getattr(cfg, "max_position_embeddings", None) or getattr(cfg, "n_positions", None)
+
+
 class Verifier:
-    """Holds the target and its KV cache for one sequence."""
+    """Holds the target, its KV buffer and its mask buffer for one sequence."""
 
-    def __init__(self, model):
+    def __init__(self, model, capacity: int = 256):
         self.model = model
-        self.vocab_size = model.get_output_embeddings().weight.shape[0]
+        self.vocab_size = output_vocab(model)
         self.tree_ok = None  # probed on the first branched tree
-        self.max_len = getattr(model.config, "max_position_embeddings", None) or getattr(model.config, "n_positions", None)
-        self.reset()
+        self.max_len = context_limit(model)
+        self.masks = MaskBuffer(model.dtype, model.device)
+        self.kv = KVBuffer.for_model(model, capacity=capacity)
 
-    def reset(self) -> None:
-        self.cache = DynamicCache(config=self.model.config)
-        self.cache_len = 0
+    @property
+    def cache_len(self) -> int:
+        return self.kv.lengths[0]
+
+    def _check_tree(self, tree: DraftTree) -> None:
+        if self.tree_ok is None:
+            self.tree_ok = probe_tree_attention(self.model)
+        if not self.tree_ok:
+            raise TreeAttentionUnsupported(
+                f"{type(self.model).__name__} does not give correct logits under a 4D tree attention mask; "
+                "use a chain drafter (tree size 1 per depth) with this model")
 
     @torch.no_grad()
-    def forward(self, prefix: torch.Tensor, tree: DraftTree, hidden: bool):
+    def forward(self, prefix: torch.Tensor, tree: DraftTree, hidden_layers: tuple[int, ...] = ()):
         """prefix (m,) committed tokens not yet cached (last = root); tree of n nodes.
 
-        Returns logits (n + 1, V) at the root and each node, and hidden states (one (m + n, H)
-        per layer) or None. The cache grows by m + n; call `compact` next.
+        Returns logits (n + 1, V) at the root and each node, and the requested hidden-state layers
+        (one (m + n, H) tensor each) or None. The m + n new entries stay pending; `commit` next.
         """
-        if not is_chain(tree):
-            if self.tree_ok is None:
-                self.tree_ok = probe_tree_attention(self.model)
-            if not self.tree_ok:
-                raise TreeAttentionUnsupported(
-                    f"{type(self.model).__name__} does not give correct logits under a 4D tree attention mask; "
-                    "use a chain drafter (tree size 1 per depth) with this model")
-        ids = torch.cat([prefix, tree.tokens]).unsqueeze(0)
-        out = model_forward(self.model, ids, self.cache, self.cache_len, tree, prefix.numel(), len(tree) + 1, hidden)
-        states = tuple(h[0] for h in out.hidden_states) if hidden else None
+        chain = tree.is_chain
+        if not chain:
+            self._check_tree(tree)
+        m = prefix.numel()
+        ids = torch.cat([prefix, tree.tokens])[None] if len(tree) else prefix[None]
+        block = None if chain else verify_block(tree, m)
+        offsets = None if chain else verify_offsets(tree, m)
+        out = run_model(self.model, self.kv, self.masks, block, offsets, input_ids=ids,
+                        logits_to_keep=len(tree) + 1, output_hidden_states=bool(hidden_layers))
+        states = tuple(out.hidden_states[i][0] for i in hidden_layers) if hidden_layers else None
         return out.logits[0], states
+
+    def commit(self, prefix_len: int, accepted: list[int]) -> None:
+        """Keep the prefix and the accepted nodes' entries; O(accepted) copies at most."""
+        self.kv.commit(list(range(prefix_len)) + [prefix_len + a for a in accepted])

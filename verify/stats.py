@@ -1,8 +1,11 @@
 """Per-step statistics and their aggregates (vocabulary of design.md).
 
 tau: committed tokens per target verification forward (plain decoding: 1.0).
-alpha: accepted draft tokens / drafted tokens, counted along chains; for trees
-the share of depth-d levels reached is the per-depth acceptance instead.
+alpha: the per-token acceptance probability of the i.i.d. model behind
+S(alpha, K, phi), estimated over the tokens actually checked: accepted /
+(accepted + rejections), where a step ends in a rejection when its walk stopped
+at a slot that still had draft children (not when the draft simply ran out).
+Per-depth acceptance: the share of steps whose accepted path reached depth d.
 """
 from __future__ import annotations
 
@@ -18,6 +21,9 @@ class StepStats:
     draft_s: float
     verify_s: float
     prefill: bool = False  # the first forward over the prompt, which commits the first token
+    budget_depth: int = 0  # the budget the policy gave this step
+    budget_nodes: int = 0
+    rejected: bool = False  # the acceptance walk stopped at a slot that had draft children
 
 
 @dataclass
@@ -39,9 +45,10 @@ class DecodeStats:
 
     @property
     def alpha(self) -> float:
-        """Accepted / offered draft depth: per step min(depth, accepted + 1) draft tokens were checked."""
-        offered = sum(s.depth for s in self.decode_steps)
-        return sum(s.accepted for s in self.decode_steps) / offered if offered else 0.0
+        """accepted / (accepted + rejections) over the decode steps that drafted."""
+        steps = [s for s in self.decode_steps if s.drafted]
+        checked = sum(s.accepted + s.rejected for s in steps)
+        return sum(s.accepted for s in steps) / checked if checked else 0.0
 
     def acceptance_by_depth(self, max_depth: int | None = None) -> list[float]:
         """[d-1] = share of decode steps whose accepted path reached depth d."""
@@ -64,10 +71,24 @@ class DecodeStats:
         steps = self.decode_steps
         return sum(s.drafted for s in steps) / len(steps) if steps else 0.0
 
+    @property
+    def mean_depth(self) -> float:
+        steps = self.decode_steps
+        return sum(s.depth for s in steps) / len(steps) if steps else 0.0
+
+    @property
+    def mean_budget(self) -> tuple[float, float]:
+        """(mean budget depth, mean budget nodes) the policy gave over the decode steps."""
+        steps = self.decode_steps
+        if not steps:
+            return 0.0, 0.0
+        return (sum(s.budget_depth for s in steps) / len(steps), sum(s.budget_nodes for s in steps) / len(steps))
+
     def merge(self, other: "DecodeStats") -> "DecodeStats":
         return DecodeStats(self.steps + other.steps)
 
     def summary(self) -> dict:
         return {"tau": self.tau, "alpha": self.alpha, "acceptance_by_depth": self.acceptance_by_depth(),
                 "steps": len(self.decode_steps), "new_tokens": self.new_tokens, "mean_tree_size": self.mean_tree_size,
+                "mean_depth": self.mean_depth, "mean_budget": self.mean_budget,
                 "draft_s": self.draft_s, "verify_s": self.verify_s}

@@ -1,63 +1,91 @@
-"""Tree attention: masks and position ids for one verification forward.
+"""Tree attention: masks and position ids for a forward on top of a KVBuffer.
 
-The forward's input is a committed prefix (m >= 1 tokens not yet in the KV
-cache; the last one is the root) followed by the n draft nodes:
+One builder serves the verifier and the drafters that run a model (standalone,
+EAGLE). A forward sees, per row b, `past[b]` entries that every new token may
+attend to (the committed cache), then a block of C entries (pending entries of
+earlier forwards of this step, then the q new tokens) in which each new token
+sees only what `block` allows:
+
+    columns:  [ past[b]: all visible ][ block (q, C) ][ past[max] - past[b]: hidden ]
+
+For the verifier the forward's input is a committed prefix (m >= 1 tokens not
+yet in the cache; the last one is the root) followed by the n draft nodes:
 
     input:     [p_0 ... p_{m-1}=root] [node_0 ... node_{n-1}]
     positions:  L .. L+m-1             L+m-1+depth(node)
 
-where L is the cache length. Prefix tokens attend causally; a node attends to
-the cache, the whole prefix, and its own ancestors and itself. A chain is a
-tree whose mask is plain causal, so chains need no explicit mask at all.
+Prefix tokens attend causally; a node attends to the whole prefix and to its own
+ancestors and itself (`verify_block`). Masks are written into one buffer that
+is reused from step to step; only the block that changed is rewritten.
 """
 from __future__ import annotations
 
 import torch
 
-from drafters.base import DraftTree
+from verify.contract import DraftTree
 
 
-def is_chain(tree: DraftTree) -> bool:
-    """True when node i's parent is i - 1 for all i (the empty tree included)."""
-    return all(len(c) <= 1 for c in tree.children) and all(
-        c[0] == s + 1 for s, c in enumerate(tree.children) if c)
-
-
-def ancestor_matrix(tree: DraftTree) -> torch.Tensor:
-    """(n, n) bool: [i, j] is True when node j is node i or one of its ancestors."""
-    n = len(tree)
-    anc = torch.zeros(n, n, dtype=torch.bool)
-    for i, par in enumerate(tree.parents.tolist()):
-        if par >= 0:
-            anc[i] = anc[par]
-        anc[i, i] = True
-    return anc
-
-
-def tree_positions(tree: DraftTree, cache_len: int, prefix_len: int, device) -> torch.Tensor:
-    """(1, m + n) long position ids."""
-    depth = torch.tensor(tree.depth[1:], dtype=torch.long)
-    pos = torch.cat([torch.arange(prefix_len), prefix_len - 1 + depth]) + cache_len
-    return pos.unsqueeze(0).to(device)
-
-
-def tree_attention_mask(tree: DraftTree, cache_len: int, prefix_len: int, dtype, device) -> torch.Tensor:
-    """(1, 1, m + n, L + m + n) additive mask: 0 where attention is allowed, dtype-min elsewhere."""
+def verify_block(tree: DraftTree, prefix_len: int) -> torch.Tensor:
+    """(m + n, m + n) bool: what each of [prefix] + [nodes] may see among themselves."""
     m, n = prefix_len, len(tree)
-    allowed = torch.zeros(m + n, cache_len + m + n, dtype=torch.bool)
-    allowed[:, :cache_len] = True
-    allowed[:m, cache_len:cache_len + m] = torch.ones(m, m, dtype=torch.bool).tril()
-    allowed[m:, cache_len:cache_len + m] = True
-    allowed[m:, cache_len + m:] = ancestor_matrix(tree)
-    mask = torch.zeros(allowed.shape, dtype=dtype)
-    mask.masked_fill_(~allowed, torch.finfo(dtype).min)
-    return mask[None, None].to(device)
+    block = torch.zeros(m + n, m + n, dtype=torch.bool, device=tree.tokens.device)
+    block[:m, :m] = torch.ones(m, m, dtype=torch.bool, device=block.device).tril_()
+    block[m:, :m] = True
+    if n:
+        block[m:, m:] = tree.ancestors
+    return block
+
+
+def verify_offsets(tree: DraftTree, prefix_len: int) -> torch.Tensor:
+    """(m + n,) long position offsets from the cache length: 0..m-1, then m - 1 + depth."""
+    depth = torch.tensor(tree.depth[1:], dtype=torch.long)
+    return torch.cat([torch.arange(prefix_len), prefix_len - 1 + depth]).to(tree.tokens.device)
+
+
+class MaskBuffer:
+    """Additive 4D masks (B, 1, q, W), 0 where attention is allowed and dtype-min elsewhere,
+    written into a buffer kept from call to call. Between calls the buffer is all zeros; each
+    call writes its block (and the hidden columns of shorter rows) and clears them next time."""
+
+    def __init__(self, dtype: torch.dtype, device):
+        self.dtype, self.device = dtype, torch.device(device)
+        self.min = torch.finfo(dtype).min
+        self.buf = torch.zeros(1, 1, 0, 0, dtype=dtype, device=self.device)
+        self.dirty: list[tuple[int, int, int, int]] = []  # (row, q, first column, end column)
+
+    def _room(self, batch: int, q: int, width: int) -> None:
+        b, _, rows, cols = self.buf.shape
+        if batch > b or q > rows or width > cols:
+            self.buf = torch.zeros(max(batch, b), 1, max(q, rows), max(width, 2 * cols),
+                                   dtype=self.dtype, device=self.device)
+            self.dirty = []
+
+    def __call__(self, past: list[int], block: torch.Tensor) -> torch.Tensor:
+        """past: visible entries per row; block (q, C) bool shared by every row, or (B, q, C)."""
+        q, c = block.shape[-2:]
+        width = max(past) + c
+        self._room(len(past), q, width)
+        for row, rq, c0, c1 in self.dirty:
+            self.buf[row, 0, :rq, c0:c1] = 0
+        self.dirty = []
+        hide = ~block.to(self.device)
+        for row, start in enumerate(past):
+            region = self.buf[row, 0, :q, start:width]  # the block, then columns this row must not see
+            region[:, :c].masked_fill_(hide if hide.dim() == 2 else hide[row], self.min)
+            region[:, c:] = self.min
+            self.dirty.append((row, q, start, width))
+        return self.buf[:len(past), :, :q, :width]
+
+
+def positions(past: list[int], offsets: torch.Tensor) -> torch.Tensor:
+    """(B, q) position ids: row b's first new token is at past[b] + offsets[0]."""
+    start = torch.tensor(past, dtype=torch.long, device=offsets.device)[:, None]
+    return start + offsets[None]
 
 
 def path_slots(tree: DraftTree, node: int) -> list[int]:
     """Node indices from the root's first child down to `node` (inclusive)."""
-    path = []
-    parents = tree.parents.tolist()
+    path, parents = [], tree.host_parents
     while node >= 0:
         path.append(node)
         node = parents[node]

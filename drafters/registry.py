@@ -1,0 +1,141 @@
+"""Drafter names -> (settings dataclass, builder), so that neither `draftkit.make_drafter`
+nor eval/compare.py branches on a method's name, and CLI flags come from the dataclasses.
+
+Every method shares the two budget knobs, `max_depth` and `max_nodes` (the most it may
+draft per step; a budget policy may give less), and adds its own. Defaults give every
+tree method the same node budget, so that side-by-side rows are like for like.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Callable
+
+SHARED_DEPTH, SHARED_NODES = 4, 8  # the default budget of every method (a chain uses max_depth nodes)
+
+
+def _knob(default, help_text: str):
+    return field(default=default, metadata={"help": help_text})
+
+
+@dataclass
+class BudgetSettings:
+    max_depth: int = _knob(SHARED_DEPTH, "most draft levels per step")
+    max_nodes: int = _knob(SHARED_NODES, "most draft nodes per step (the tree size)")
+
+
+@dataclass
+class StandaloneSettings(BudgetSettings):
+    top_k: int = _knob(1, "children expanded per node; 1 drafts a chain of max_depth tokens")
+    temperature: float | None = _knob(None, "q temperature of sampled chains (default: the sampling temperature)")
+
+
+@dataclass
+class EagleSettings(BudgetSettings):
+    top_k: int = _knob(2, "EAGLE-2 children expanded per frontier node; 1 drafts a chain")
+    temperature: float | None = _knob(None, "q temperature of sampled chains (default: the sampling temperature)")
+
+
+@dataclass
+class EagleChainSettings(EagleSettings):
+    top_k: int = _knob(1, "1: a chain of max_depth tokens")
+
+
+@dataclass
+class MedusaSettings(BudgetSettings):
+    pass
+
+
+@dataclass
+class LookaheadSettings(BudgetSettings):
+    ngram: int = _knob(3, "N: n-gram length of the lookahead branch (N - 1 levels)")
+    window: int = _knob(2, "W: lookahead window; 0 is pure prompt lookup")
+    guesses: int = _knob(4, "G: cached continuations verified per step")
+
+
+@dataclass
+class Entry:
+    settings: type
+    build: Callable  # (target, path, tokenizer, settings) -> Drafter
+    default_model: str | None  # the zoo folder used when no path is given
+    about: str
+
+
+def _standalone(target, path, tokenizer, s: StandaloneSettings):
+    from transformers import AutoTokenizer
+
+    from draftkit.models import load_model, resolve
+    from drafters.standalone import StandaloneDrafter, check_same_vocabulary
+
+    draft_path = resolve(path, "draft")
+    draft = load_model(draft_path, dtype=target.dtype).to(target.device)
+    draft_tok = AutoTokenizer.from_pretrained(draft_path) if tokenizer is not None else None
+    check_same_vocabulary(target, draft, tokenizer, draft_tok, target_name="target",
+                          draft_name=path or "the default draft")
+    return StandaloneDrafter(draft, **dataclasses.asdict(s))
+
+
+def _eagle(target, path, tokenizer, s: EagleSettings):
+    from draftkit.models import resolve
+    from drafters.eagle import EagleDrafter
+
+    return EagleDrafter.from_pretrained(resolve(path, "eagle"), target, **dataclasses.asdict(s))
+
+
+def _medusa(target, path, tokenizer, s: MedusaSettings):
+    from draftkit.models import resolve
+    from drafters.medusa import MedusaDrafter
+
+    drafter = MedusaDrafter.from_pretrained(resolve(path, "medusa"), target, tree_size=s.max_nodes)
+    drafter.budget_cap.max_depth = min(drafter.budget_cap.max_depth, s.max_depth)
+    return drafter
+
+
+def _lookahead(target, path, tokenizer, s: LookaheadSettings):
+    from drafters.lookahead import LookaheadDrafter
+
+    return LookaheadDrafter(**dataclasses.asdict(s))
+
+
+REGISTRY: dict[str, Entry] = {
+    "standalone": Entry(StandaloneSettings, _standalone, "draft", "a small causal LM: a chain (or top-k tree)"),
+    "medusa": Entry(MedusaSettings, _medusa, "medusa", "Medusa heads: a sparse tree of head top-k choices"),
+    "eagle": Entry(EagleSettings, _eagle, "eagle", "EAGLE feature-level draft: EAGLE-2 dynamic tree"),
+    "eagle-chain": Entry(EagleChainSettings, _eagle, "eagle", "EAGLE drafting a chain"),
+    "lookahead": Entry(LookaheadSettings, _lookahead, None, "n-gram cache + Jacobi lookahead branch, no training"),
+}
+
+
+def register(name: str, entry: Entry) -> None:
+    REGISTRY[name] = entry
+
+
+def _suffix_entry() -> None:
+    """The suffix drafter registers itself when its module is present."""
+    try:
+        from drafters.suffix import SuffixConfig, SuffixDrafter
+    except ImportError:
+        return
+    REGISTRY["suffix"] = Entry(SuffixConfig, lambda t, p, tok, s: SuffixDrafter(**dataclasses.asdict(s)), None,
+                               "suffix index over prompt, output and past requests, no training")
+
+
+_suffix_entry()
+
+
+def settings_for(name: str, **flags):
+    """The settings of method `name` with `flags` applied; unknown names and flags are one-line errors."""
+    if name not in REGISTRY:
+        raise ValueError(f"unknown drafter {name!r}; choose one of {', '.join(REGISTRY)}")
+    cls = REGISTRY[name].settings
+    known = {f.name for f in dataclasses.fields(cls)}
+    bad = sorted(set(flags) - known)
+    if bad:
+        raise ValueError(f"drafter {name!r} has no setting {', '.join(bad)}; it has {', '.join(sorted(known))}")
+    return cls(**flags)
+
+
+def build(name: str, target, path: str | None = None, tokenizer=None, **flags):
+    """A drafter by name. `path`: its model / heads (None: the shipped default)."""
+    settings = settings_for(name, **flags)
+    return REGISTRY[name].build(target, path, tokenizer, settings)

@@ -1,0 +1,247 @@
+"""The contract between drafters and the verifier.
+
+A drafter proposes a `DraftTree` hanging off the root (the last committed
+token) within the `Budget` it was given, the verifier checks it in one target
+forward, and the drafter is told what was kept through a `StepResult`. This
+module is owned by verify/; drafters/ import it, verify/ never imports a
+concrete drafter.
+
+Vocabulary (design.md): p is the target distribution, q the draft's. A chain
+is a tree whose parents are [-1, 0, 1, ...].
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol, Sequence, runtime_checkable
+
+import torch
+
+#: how the children of a node were drawn from q (the verifier picks its acceptance rule from this)
+IID, WITHOUT_REPLACEMENT = "iid", "without_replacement"
+
+
+@dataclass
+class DraftTree:
+    """Draft nodes in topological order (a parent always comes before its child).
+
+    tokens:  (n,) long   token of each node
+    parents: (n,) long   index of each node's parent in `tokens`, -1 for a child of the root
+    q:       (n, V) float or None: the distribution node i was drawn from (at its parent's
+             position). None means every node is a deterministic proposal (one-hot q), as for
+             greedy drafting, top-k trees and n-gram lookups; that keeps sampling lossless.
+    draws:   IID (siblings drawn independently from q, SpecInfer) or WITHOUT_REPLACEMENT
+             (siblings drawn from q without replacement; recursive rejection sampling)
+    extra:   the drafter's own bookkeeping, handed back in StepResult.tree
+
+    `validate()` runs once per step and keeps host copies of the topology (parents, depth,
+    children), so nothing downstream reads the tensors back one node at a time.
+    """
+
+    tokens: torch.Tensor
+    parents: torch.Tensor
+    q: torch.Tensor | None = None
+    draws: str = IID
+    extra: object = None
+    _parents: list[int] | None = field(default=None, repr=False)
+    _tokens: list[int] | None = field(default=None, repr=False)
+    _children: list[list[int]] | None = field(default=None, repr=False)
+    _depth: list[int] | None = field(default=None, repr=False)
+    _ancestors: torch.Tensor | None = field(default=None, repr=False)
+
+    @staticmethod
+    def empty(device=None) -> "DraftTree":
+        return DraftTree.from_lists([], [], device)
+
+    @staticmethod
+    def from_lists(tokens: Sequence[int], parents: Sequence[int], device=None, q=None, draws: str = IID,
+                   extra=None) -> "DraftTree":
+        """A tree built on the host: the host copies are kept, so validation reads nothing back."""
+        tree = DraftTree(torch.tensor(tokens, dtype=torch.long, device=device),
+                         torch.tensor(parents, dtype=torch.long, device=device), q, draws, extra)
+        tree._tokens, tree._parents = list(tokens), list(parents)
+        return tree
+
+    @staticmethod
+    def chain(tokens: torch.Tensor | Sequence[int], q: torch.Tensor | None = None, device=None) -> "DraftTree":
+        if isinstance(tokens, torch.Tensor):
+            device = tokens.device if device is None else device
+            tokens = tokens.tolist()
+        return DraftTree.from_lists(tokens, list(range(-1, len(tokens) - 1)), device, q)
+
+    def __len__(self) -> int:
+        return self.tokens.numel()
+
+    @property
+    def host_tokens(self) -> list[int]:
+        if self._tokens is None:
+            self._tokens = self.tokens.tolist()
+        return self._tokens
+
+    def validate(self, vocab_size: int | None = None) -> "DraftTree":
+        """Check shapes and topology; build children lists and depths on the host. Returns self."""
+        if self.tokens.dim() != 1 or self.parents.shape != self.tokens.shape:
+            raise ValueError(f"DraftTree tokens {tuple(self.tokens.shape)} and parents "
+                             f"{tuple(self.parents.shape)} must be 1-D and of the same length")
+        if self.draws not in (IID, WITHOUT_REPLACEMENT):
+            raise ValueError(f"DraftTree draws must be {IID!r} or {WITHOUT_REPLACEMENT!r}, got {self.draws!r}")
+        n = len(self)
+        parents = self._parents if self._parents is not None else self.parents.tolist()
+        children: list[list[int]] = [[] for _ in range(n + 1)]  # slot 0 = root, node i -> slot i + 1
+        depth = [0] * (n + 1)
+        for i, par in enumerate(parents):
+            if not -1 <= par < i:
+                raise ValueError(f"DraftTree node {i} has parent {par}: parents must point to an earlier "
+                                 f"node (0..{i - 1}) or be -1 for the root")
+            children[par + 1].append(i + 1)
+            depth[i + 1] = depth[par + 1] + 1
+        if self._tokens is None and self.tokens.device.type == "cpu":  # free on the host; a device tree is
+            self._tokens = self.tokens.tolist()  # read once, with the acceptance rule's one read
+        if vocab_size is not None and self._tokens is not None and self._tokens \
+                and not (0 <= min(self._tokens) and max(self._tokens) < vocab_size):
+            raise ValueError(f"DraftTree tokens must lie in [0, {vocab_size}); got {self._tokens}")
+        if self.q is not None and (self.q.dim() != 2 or self.q.shape[0] != n):
+            raise ValueError(f"DraftTree q must be (n={n}, V); got {tuple(self.q.shape)}")
+        self._parents, self._children, self._depth = parents, children, depth
+        return self
+
+    @property
+    def host_parents(self) -> list[int]:
+        if self._parents is None:
+            self.validate()
+        return self._parents
+
+    @property
+    def children(self) -> list[list[int]]:
+        """children[s] are the slots under slot s (slot 0 = root, slot i + 1 = node i)."""
+        if self._children is None:
+            self.validate()
+        return self._children
+
+    @property
+    def depth(self) -> list[int]:
+        """depth[s] of each slot, root 0."""
+        if self._depth is None:
+            self.validate()
+        return self._depth
+
+    @property
+    def max_depth(self) -> int:
+        return max(self.depth)
+
+    @property
+    def is_chain(self) -> bool:
+        """Node i's parent is i - 1 for every i (the empty tree included)."""
+        return all(p == i - 1 for i, p in enumerate(self.host_parents))
+
+    @property
+    def ancestors(self) -> torch.Tensor:
+        """(n, n) bool on the tokens' device: [i, j] is True when node j is node i or one of its
+        ancestors. Built by walking every node up one level at a time: max-depth vector ops."""
+        if self._ancestors is None:
+            n = len(self)
+            par = torch.tensor(self.host_parents, dtype=torch.long)
+            anc = torch.eye(n, dtype=torch.bool)
+            rows, up = torch.arange(n), par.clone()
+            for _ in range(self.max_depth - 1):
+                live = up >= 0
+                if not bool(live.any()):
+                    break
+                anc[rows[live], up[live]] = True
+                up[live] = par[up[live]]
+            self._ancestors = anc.to(self.tokens.device)
+        return self._ancestors
+
+
+@dataclass
+class Budget:
+    """How much a drafter may propose this step: at most max_depth levels and max_nodes nodes.
+    Budget(0, 0) asks for a plain step (an empty tree)."""
+
+    max_depth: int
+    max_nodes: int
+
+    def __post_init__(self):
+        if self.max_depth < 0 or self.max_nodes < 0:
+            raise ValueError(f"a budget needs max_depth >= 0 and max_nodes >= 0, got {self}")
+
+    @property
+    def empty(self) -> bool:
+        return self.max_depth == 0 or self.max_nodes == 0
+
+    def clip(self, remaining: int) -> "Budget":
+        """No deeper than the tokens still allowed minus the bonus token."""
+        depth = max(0, min(self.max_depth, remaining - 1))
+        return Budget(depth, self.max_nodes if depth else 0)
+
+
+@dataclass
+class DecodeState:
+    """What a drafter may read when proposing.
+
+    tokens:    (T,) long  all committed tokens (prompt + generated); tokens[-1] is the root
+    prompt_len: length of the prompt at the start of tokens
+    budget:    the depth and node budget for this step (already clipped to the tokens left)
+    greedy:    True when acceptance is greedy (drafters may then skip computing q)
+    temperature: the sampling temperature of p; a sampled draft is most often accepted when its
+               q uses the same one
+    """
+
+    tokens: torch.Tensor
+    prompt_len: int
+    budget: Budget
+    greedy: bool
+    temperature: float = 1.0
+
+
+@dataclass
+class StepResult:
+    """What one verification step kept, for `Drafter.update`.
+
+    new_tokens:   (m,) long  tokens committed this step (accepted + bonus)
+    fed_tokens:   (k,) long  the tokens whose target entries were kept: the prefix fed this step
+                  plus the accepted nodes; new_tokens[-1] (the bonus) is the next root
+    hidden:       one (k, H) tensor per layer the drafter asked for (`hidden_layers`, same order)
+                  at the kept positions, or None when it asked for none
+    logits:       (n + 1, V) target logits at the root slot and at every node (unprocessed)
+    tree, accepted: the tree that was verified (with its .extra) and the accepted node indices
+    """
+
+    new_tokens: torch.Tensor
+    fed_tokens: torch.Tensor
+    hidden: tuple[torch.Tensor, ...] | None
+    logits: torch.Tensor
+    tree: DraftTree
+    accepted: list[int]
+
+
+@runtime_checkable
+class Drafter(Protocol):
+    """A drafting method. Three calls: reset for a new prompt, propose, update."""
+
+    #: indices into transformers' hidden_states tuple (0 = embeddings, -1 = the last, after the
+    #: final norm) that the verifier returns at the kept positions; () asks for none
+    hidden_layers: tuple[int, ...]
+
+    def reset(self, prompt: torch.Tensor) -> None:
+        """Forget everything about the previous sequence; `prompt` is (T,) long."""
+
+    def propose(self, state: DecodeState) -> DraftTree:
+        """A draft tree hanging off state.tokens[-1], within state.budget. May be empty."""
+
+    def update(self, result: StepResult) -> None:
+        """Learn what the target kept (roll back caches, store features, harvest n-grams)."""
+
+
+class NoDrafter:
+    """Plain autoregressive decoding: always the empty tree."""
+
+    hidden_layers: tuple[int, ...] = ()
+
+    def reset(self, prompt: torch.Tensor) -> None:
+        pass
+
+    def propose(self, state: DecodeState) -> DraftTree:
+        return DraftTree.empty(state.tokens.device)
+
+    def update(self, result: StepResult) -> None:
+        pass
