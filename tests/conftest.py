@@ -1,9 +1,12 @@
 import os
 import sys
+import tempfile
 
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("WANDB_SILENT", "true")
+# cost profiles measured by the budget controller go to a scratch folder, not the user's cache
+os.environ.setdefault("DRAFTKIT_CACHE", tempfile.mkdtemp(prefix="draftkit-test-cache-"))
 torch.set_num_threads(max(1, min(2, torch.get_num_threads())))

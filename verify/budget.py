@@ -4,6 +4,7 @@ A policy gives, before each step, a `Budget` (maximum depth and node count) no
 larger than the drafter's own cap, and is told afterwards what the step cost
 and what it committed. `FixedBudget` always gives the cap (experiments with
 fixed settings); the cost-aware controller lives in verify/controller.py.
+`make_policy` turns the names users pass ("auto", "fixed") into a policy.
 """
 from __future__ import annotations
 
@@ -53,3 +54,28 @@ class FixedBudget:
 
     def observe(self, step: StepStats, context_len: int) -> None:
         pass
+
+
+def make_policy(spec, drafter, model) -> BudgetPolicy:
+    """"auto" (the cost-aware controller; the default), "fixed" (the drafter's cap every step) or a
+    policy object. A drafter's auto policy is kept on the drafter, so what it learned about the
+    drafter's acceptance and cost carries over from one generate call to the next."""
+    if spec is None or spec == "auto":
+        cap = drafter_cap(drafter)
+        if cap.empty:
+            return FixedBudget(cap)
+        policy = getattr(drafter, "_auto_budget", None)
+        if policy is None or policy.model is not model or policy.cap != cap:
+            from verify.controller import AutoBudget
+
+            policy = AutoBudget(model, cap)
+            try:
+                drafter._auto_budget = policy
+            except AttributeError:  # a drafter with __slots__: no memory across calls
+                pass
+        return policy
+    if spec == "fixed":
+        return FixedBudget.of(drafter)
+    if isinstance(spec, str):
+        raise ValueError(f"budget must be 'auto', 'fixed' or a budget policy, got {spec!r}")
+    return spec

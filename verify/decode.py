@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from verify.accept import Sampling, accept
-from verify.budget import BudgetPolicy, FixedBudget
+from verify.budget import BudgetPolicy, make_policy
 from verify.contract import DecodeState, Drafter, DraftTree, NoDrafter, StepResult
 from verify.forward import Verifier
 from verify.stats import DecodeStats, StepStats
@@ -83,17 +83,19 @@ def check_room(verifier: Verifier, prompt_len: int, max_new_tokens: int) -> None
 @torch.no_grad()
 def generate(model, input_ids, drafter: Drafter | None = None, max_new_tokens: int = 64,
              sampling: Sampling | None = None, eos_token_id=None, seed: int | None = None,
-             budget: BudgetPolicy | None = None) -> GenerationOutput:
+             budget: BudgetPolicy | str = "auto") -> GenerationOutput:
     """Generate up to max_new_tokens after input_ids (1-D or (1, T)) with speculative decoding.
 
     eos_token_id: int, list or None (None: the model's generation_config; pass [] to never stop).
-    budget: how much the drafter may draft each step (default: the drafter's own fixed cap).
+    budget: how much the drafter may draft each step: "auto" (default: the cost-aware controller of
+    verify/controller.py, never above the drafter's cap), "fixed" (the drafter's cap every step)
+    or a BudgetPolicy.
     """
     drafter = drafter or NoDrafter()
     sampling = sampling or Sampling()
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-    policy = budget or FixedBudget.of(drafter)
+    policy = make_policy(budget, drafter, model)
     cap = policy.cap
     verifier = Verifier(model, capacity=0)
     prompt = as_prompt(input_ids, verifier.vocab_size).to(model.device)

@@ -1,0 +1,144 @@
+"""The cost-aware budget controller: the seeds' rule, its choices at the extremes, and that it never
+changes what is generated."""
+import pytest
+import torch
+
+from tests.models import ARCHS, tiny_model
+from verify.accept import Sampling
+from verify.contract import Budget, DraftTree
+from verify.controller import AcceptanceModel, AutoBudget, CostProfile, seeds_best_k, seeds_speedup
+from verify.decode import generate
+from verify.stats import StepStats
+
+
+@pytest.mark.parametrize("alpha, k, s", [(0.5, 2, 1.458), (0.7, 4, 1.981), (0.75, 5, 2.192), (0.9, 10, 3.431)])
+def test_seeds_rule_matches_the_formula_not_the_seed_table(alpha, k, s):
+    """S = (1 - a^(K+1)) / ((1 - a)(K phi + 1)) at phi = 0.1, best K and S computed by hand from the formula
+    (the seed's own table says 1.35 / K 5 / 1.86 / K 5 / 2.03 / K 8 / 2.59, which the formula does not give)."""
+    best, speed = seeds_best_k(alpha, 0.1)
+    assert best == k and speed == pytest.approx(s, abs=1e-3)
+    assert seeds_speedup(alpha, k + 1, 0.1) < speed and seeds_speedup(alpha, k - 1, 0.1) < speed
+
+
+def test_seeds_rule_edges():
+    assert seeds_best_k(0.0, 0.1) == (0, 1.0)  # nothing is ever accepted: do not draft
+    assert seeds_speedup(1.0, 4, 0.0) == 5.0  # everything accepted, free drafts: K + 1 tokens a step
+
+
+def flat(ratio_per_node=0.0, plain_s=0.01):
+    sizes = [1, 2, 4, 8, 16, 32, 64]
+    return CostProfile(plain_s, sizes, [1 + ratio_per_node * n for n in sizes], context=128)
+
+
+def feed(policy, steps, depth, accepted, draft_s, verify_s):
+    for _ in range(steps):
+        b = policy.budget(100)
+        drafted = b.max_nodes if b.max_depth else 0
+        policy.observe(StepStats(drafted, depth if drafted else 0, accepted if drafted else 0, accepted + 1,
+                                 draft_s if drafted else 0.0, verify_s), 100)
+
+
+def test_always_wrong_drafter_gets_budget_zero():
+    policy = AutoBudget(None, Budget(6, 6), profile=flat(0.05), cache_profile=False)
+    feed(policy, 60, depth=6, accepted=0, draft_s=0.004, verify_s=0.012)
+    last = policy.choices[-30:]
+    assert sum(d == 0 for d, _ in last) >= 25  # plain steps, with a rare probe
+    assert any(d > 0 for d, _ in policy.choices[-60:])  # but it keeps probing
+
+
+def test_always_right_drafter_with_flat_verify_gets_the_deepest_budget():
+    policy = AutoBudget(None, Budget(8, 16), profile=flat(0.0), cache_profile=False)
+    feed(policy, 40, depth=8, accepted=8, draft_s=0.0005 * 8, verify_s=0.01)
+    assert policy.choices[-1] == (8, 16)
+    assert policy.summary()["predicted_speedup"] > 3
+
+
+def test_costly_verify_shortens_the_budget():
+    """Same acceptance (0.7 per level), verify cost rising steeply with the tree: a shallower choice."""
+    cheap, dear = (AutoBudget(None, Budget(8, 8), profile=flat(r), cache_profile=False) for r in (0.0, 0.3))
+    for policy in (cheap, dear):
+        policy.acceptance = AcceptanceModel(8, prior_rate=0.7, prior_weight=1e9)
+        policy.depth_s = 0.0005
+    assert cheap.plan()[0] > dear.plan()[0] >= 1
+
+
+def test_acceptance_model_counts_tried_levels_only():
+    m = AcceptanceModel(4, prior_weight=0.0, keep=1.0)
+    m.observe(depth=4, accepted=1)  # level 1 passed, level 2 failed, 3 and 4 never tried
+    m.observe(depth=4, accepted=4)
+    rates = m.rates()
+    assert rates[0] == 1.0 and rates[1] == 0.5 and rates[2] == 1.0 and rates[3] == 1.0
+
+
+class WrongDrafter:
+    """Always proposes a token the target will not pick (greedy) under its budget."""
+
+    hidden_layers = ()
+    budget_cap = Budget(4, 4)
+
+    def __init__(self, model):
+        self.model = model
+
+    def reset(self, prompt):
+        pass
+
+    def propose(self, state):
+        with torch.no_grad():
+            logits = self.model(input_ids=state.tokens[None]).logits[0, -1]
+        wrong = int(logits.argmin())
+        return DraftTree.chain([wrong] * state.budget.max_depth)
+
+    def update(self, result):
+        pass
+
+
+def test_controller_falls_back_to_plain_decoding_on_a_real_loop():
+    target = tiny_model("llama")
+    drafter = WrongDrafter(target)
+    prompt = torch.tensor([1, 2, 3])
+    out = generate(target, prompt, drafter, max_new_tokens=60, eos_token_id=[])
+    ref = generate(target, prompt, max_new_tokens=60, eos_token_id=[])
+    assert out.tokens.tolist() == ref.tokens.tolist()
+    steps = out.stats.decode_steps
+    assert sum(s.drafted == 0 for s in steps[-30:]) >= 25
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_auto_budget_never_changes_greedy_output(arch):
+    from drafters.lookahead import LookaheadDrafter
+    from drafters.standalone import StandaloneDrafter
+
+    target = tiny_model(arch)
+    small = tiny_model(arch, hidden=16, layers=1, seed=1)
+    for drafter in (StandaloneDrafter(small, max_depth=4, top_k=2, max_nodes=8), StandaloneDrafter(target),
+                    LookaheadDrafter()):
+        for seed in range(2):
+            prompt = torch.randint(0, 64, (4 + 3 * seed,), generator=torch.Generator().manual_seed(seed))
+            ref = generate(target, prompt, max_new_tokens=40, eos_token_id=[]).tokens.tolist()
+            out = generate(target, prompt, drafter, max_new_tokens=40, eos_token_id=[], budget="auto")
+            assert out.tokens.tolist() == ref, (arch, type(drafter).__name__)
+
+
+@pytest.mark.slow
+def test_auto_budget_keeps_sampling_exact():
+    """First two sampled tokens through an auto-budgeted standalone chain follow the exact target distribution."""
+    from drafters.standalone import StandaloneDrafter
+
+    V = 8
+    target = tiny_model("llama", vocab=V, hidden=16, layers=1, seed=3)
+    small = tiny_model("llama", vocab=V, hidden=16, layers=1, seed=4)
+    prompt = torch.tensor([1, 2, 3, 1, 2])
+    with torch.no_grad():
+        p1 = target(input_ids=prompt[None]).logits[0, -1].softmax(-1)
+        seqs = torch.cat([prompt.expand(V, -1), torch.arange(V)[:, None]], 1)
+        p2 = target(input_ids=seqs).logits[:, -1].softmax(-1)
+    exact = (p1[:, None] * p2).flatten()
+    drafter = StandaloneDrafter(small, max_depth=2, seed=0)
+    n, counts = 1500, torch.zeros(V * V)
+    for i in range(n):
+        out = generate(target, prompt, drafter, max_new_tokens=3, eos_token_id=[], sampling=Sampling(temperature=1.0),
+                       seed=i)
+        a, b = out.tokens.tolist()[:2]  # the second one went through a drafted step
+        counts[a * V + b] += 1
+    tv = 0.5 * (counts / n - exact).abs().sum()
+    assert tv < 0.08, tv

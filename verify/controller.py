@@ -1,0 +1,291 @@
+"""A cost-aware controller: before each step, the draft budget with the most expected
+committed tokens per second on this machine, down to a plain step when drafting does not pay.
+
+Model of one step with draft depth D and node budget N(D) (the drafter's tree shape:
+N grows with D in the ratio of its cap, max_nodes / max_depth):
+
+    expected committed   E(D) = 1 + sum_{d=1..D} R_d,   R_d = r_1 * ... * r_d
+    expected time        T(D) = t_plain * c(N(D)) + D * t_depth       (T(0) = t_plain)
+
+r_d is the drafter's measured chance to pass depth d given it reached depth d - 1 (decayed
+counts, so the estimate follows the text); c(n) is the verify cost curve of the target on
+this machine (`CostProfile`, measured once per machine + model + context bucket and saved);
+t_depth is the drafter's measured time per draft depth. The controller picks
+D* = argmax E(D) / T(D). Sequoia and SmartSpec choose budgets from measured costs the same
+way; with a flat c(n) this is the seeds' S(alpha, K, phi) (see `seeds_best_k`).
+
+When D* = 0 the drafter idles, and every `probe_every` plain steps (doubling while probes keep
+losing) it drafts once at its best depth to re-measure, so a method that starts paying on
+later text is picked up again. Within a step, `Budget.min_path_prob` tells a drafter with path
+confidences (EAGLE-2, standalone trees) to stop expanding paths whose draft probability is
+below what one more depth costs.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+from verify.contract import Budget
+from verify.stats import StepStats
+
+PROFILE_SIZES = (1, 2, 4, 8, 16, 32, 64)
+
+
+def seeds_speedup(alpha: float, k: int, phi: float) -> float:
+    """Leviathan et al.: S = (1 - alpha^(K+1)) / ((1 - alpha)(K phi + 1)): flat verify cost."""
+    if k <= 0:
+        return 1.0
+    gain = (k + 1) if alpha >= 1 else (1 - alpha ** (k + 1)) / (1 - alpha)
+    return gain / (k * phi + 1)
+
+
+def seeds_best_k(alpha: float, phi: float, max_k: int = 64) -> tuple[int, float]:
+    """(K*, S(alpha, K*, phi)): the seeds' best chain length with a flat verify cost (K = 0: S = 1)."""
+    best = max(range(0, max_k + 1), key=lambda k: seeds_speedup(alpha, k, phi))
+    return best, seeds_speedup(alpha, best, phi)
+
+
+# ----------------------------------------------------------------------------- cost profile
+
+
+def _cache_dir() -> Path:
+    return Path(os.environ.get("DRAFTKIT_CACHE", Path.home() / ".cache" / "draftkit")) / "cost"
+
+
+def machine_key() -> str:
+    dev = torch.cuda.get_device_name() if torch.cuda.is_available() else platform.processor() or platform.machine()
+    return f"{dev}|{os.cpu_count()}cpu|{torch.get_num_threads()}threads|torch{torch.__version__}"
+
+
+def model_key(model) -> str:
+    params = sum(p.numel() for p in model.parameters())
+    name = str(getattr(model.config, "_name_or_path", "") or type(model).__name__)
+    return f"{name}|{params}|{model.dtype}|{model.device}"
+
+
+def context_bucket(n: int) -> int:
+    """Contexts are profiled at powers of two (128, 256, 512, ...)."""
+    return max(128, 1 << max(0, (n - 1)).bit_length())
+
+
+@dataclass
+class CostProfile:
+    """Verify cost of the target on this machine at one context length.
+
+    plain_s: seconds of one plain decoding step (one token on top of the cache);
+    sizes / ratios: c(n) = seconds of a forward over [root] + n draft nodes / plain_s.
+    """
+
+    plain_s: float
+    sizes: list[int]
+    ratios: list[float]
+    context: int = 0
+    key: str = ""
+
+    def c(self, n: float) -> float:
+        """c(n), linear between measured sizes and beyond the last two; c(0) = 1."""
+        if n <= 0:
+            return 1.0
+        xs, ys = [0, *self.sizes], [1.0, *self.ratios]
+        for (x0, y0), (x1, y1) in zip(zip(xs, ys), zip(xs[1:], ys[1:])):
+            if n <= x1:
+                return y0 + (y1 - y0) * (n - x0) / (x1 - x0)
+        (x0, y0), (x1, y1) = (xs[-2], ys[-2]), (xs[-1], ys[-1])
+        return y1 + (y1 - y0) * (n - x1) / (x1 - x0)
+
+    @classmethod
+    @torch.no_grad()
+    def measure(cls, model, context: int, sizes=PROFILE_SIZES, reps: int = 5) -> "CostProfile":
+        """A few forwards at `context` tokens: the median of `reps` timings per tree size."""
+        from verify.contract import DraftTree
+        from verify.forward import Verifier
+
+        ver = Verifier(model, capacity=context + max(sizes) + 2)
+        vocab = ver.vocab_size
+        ids = torch.randint(0, vocab, (context,), generator=torch.Generator().manual_seed(0)).to(model.device)
+        ver.forward(ids, DraftTree.empty(model.device).validate())
+        ver.commit(context, [])
+        root = ids[-1:]
+
+        trees = [DraftTree.empty(model.device).validate()]
+        for n in sizes:  # bushy trees, 4 children per node, like the methods' trees
+            parents = [-1 if i < 4 else (i - 4) // 4 for i in range(n)]
+            tokens = torch.randint(0, vocab, (n,), generator=torch.Generator().manual_seed(n)).tolist()
+            trees.append(DraftTree.from_lists(tokens, parents, model.device).validate())
+        times = [[] for _ in trees]
+        for rep in range(reps + 1):  # interleaved, so drifts of the machine hit every size alike
+            for i, tree in enumerate(trees):
+                if model.device.type == "cuda":
+                    torch.cuda.synchronize()
+                t0 = time.perf_counter()
+                ver.forward(root, tree)
+                if model.device.type == "cuda":
+                    torch.cuda.synchronize()
+                if rep:  # the first round warms up
+                    times[i].append(time.perf_counter() - t0)
+                ver.kv.drop_pending()  # the same context every time
+        plain, *rest = (statistics.median(t) for t in times)
+        ratios = [max(1.0, t / plain) for t in rest]
+        # a longer tree never costs less: keep the curve monotone against timing noise
+        for i in range(1, len(ratios)):
+            ratios[i] = max(ratios[i], ratios[i - 1])
+        return cls(plain, list(sizes), ratios, context)
+
+    @classmethod
+    def for_model(cls, model, context: int, cache: bool = True) -> "CostProfile":
+        """The saved profile for this machine + model + context bucket, measured and saved if absent."""
+        bucket = context_bucket(context)
+        key = f"{machine_key()}|{model_key(model)}|ctx{bucket}"
+        path = _cache_dir() / (hashlib.sha256(key.encode()).hexdigest()[:20] + ".json")
+        if cache and path.exists():
+            try:
+                return cls(**json.loads(path.read_text()))
+            except (ValueError, TypeError):
+                pass  # a damaged file: measure again
+        prof = cls.measure(model, bucket)
+        prof.key = key
+        if cache:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(".tmp")
+            tmp.write_text(json.dumps(asdict(prof)))
+            tmp.replace(path)  # never a half-written profile
+        return prof
+
+
+# ----------------------------------------------------------------------------- controller
+
+
+@dataclass
+class _Decayed:
+    """A count that forgets: each observation first multiplies it by `keep`."""
+
+    value: float = 0.0
+
+    def add(self, x: float, keep: float) -> None:
+        self.value = self.value * keep + x
+
+
+@dataclass
+class AcceptanceModel:
+    """Per-depth pass rates r_d with a prior (prior_rate, prior_weight) and exponential forgetting."""
+
+    max_depth: int
+    prior_rate: float = 0.6
+    prior_weight: float = 2.0
+    keep: float = 0.97  # about 33 steps of memory
+    reached: list = field(default_factory=list)
+    passed: list = field(default_factory=list)
+
+    def __post_init__(self):
+        self.reached = [_Decayed() for _ in range(self.max_depth)]
+        self.passed = [_Decayed() for _ in range(self.max_depth)]
+
+    def observe(self, depth: int, accepted: int) -> None:
+        """A step drafted to `depth` and accepted `accepted` levels: levels 1..min(depth, accepted + 1)
+        were tried, levels 1..accepted passed."""
+        for d in range(min(depth, accepted + 1, self.max_depth)):
+            self.reached[d].add(1.0, self.keep)
+            self.passed[d].add(1.0 if d < accepted else 0.0, self.keep)
+
+    def rates(self) -> list[float]:
+        w, r0 = self.prior_weight, self.prior_rate
+        return [(p.value + w * r0) / (r.value + w) for p, r in zip(self.passed, self.reached)]
+
+    def reach(self) -> list[float]:
+        """R_d for d = 1..max_depth: the chance the accepted path reaches depth d."""
+        out, acc = [], 1.0
+        for r in self.rates():
+            acc *= r
+            out.append(acc)
+        return out
+
+
+class AutoBudget:
+    """The cost-aware budget policy (see the module docstring). One per drafter; it keeps what it
+    learned about the drafter's acceptance and cost across sequences."""
+
+    def __init__(self, model, cap: Budget, probe_every: int = 8, profile: CostProfile | None = None,
+                 cache_profile: bool = True):
+        self.model, self.cap = model, cap
+        self.profile = profile
+        self.cache_profile = cache_profile
+        self.nodes_per_depth = cap.max_nodes / max(cap.max_depth, 1)
+        self.acceptance = AcceptanceModel(max(cap.max_depth, 1))
+        self.depth_s: float | None = None  # measured draft seconds per depth (EMA)
+        self.verify_scale = 1.0  # measured verify time / profile prediction (EMA)
+        self.probe_every, self._probe_wait, self._idle = probe_every, probe_every, 0
+        self.choices: list[tuple[int, int]] = []  # (depth, nodes) given per step, for reports
+        self.predicted: list[tuple[float, float]] = []  # (expected committed, expected seconds) per step
+
+    def start(self, prompt_len: int) -> None:
+        if self.profile is None or context_bucket(prompt_len) != self.profile.context:
+            self.profile = CostProfile.for_model(self.model, prompt_len, cache=self.cache_profile)
+
+    def nodes(self, depth: int) -> int:
+        return min(self.cap.max_nodes, max(depth, round(self.nodes_per_depth * depth)))
+
+    def step_time(self, depth: int) -> float:
+        plain = self.profile.plain_s * self.verify_scale
+        if depth == 0:
+            return plain
+        return plain * self.profile.c(self.nodes(depth)) + depth * (self.depth_s or 0.0)
+
+    def plan(self) -> tuple[int, list[float], list[float]]:
+        """(best depth, expected committed per depth, expected seconds per depth) for depths 0..max."""
+        reach = self.acceptance.reach()
+        gains = [1.0 + sum(reach[:d]) for d in range(self.cap.max_depth + 1)]
+        times = [self.step_time(d) for d in range(self.cap.max_depth + 1)]
+        best = max(range(len(gains)), key=lambda d: gains[d] / times[d])
+        return best, gains, times
+
+    def budget(self, context_len: int) -> Budget:
+        best, gains, times = self.plan()
+        if best == 0:
+            self._idle += 1
+            if self._idle < self._probe_wait:
+                self.choices.append((0, 0))
+                self.predicted.append((gains[0], times[0]))
+                return Budget(0, 0)
+            # probe: draft once at the depth that would pay best if drafting paid at all
+            best = max(range(1, len(gains)), key=lambda d: gains[d] / times[d])
+            self._idle, self._probe_wait = 0, min(self._probe_wait * 2, 256)
+        else:
+            self._probe_wait = self.probe_every
+        # within the step: a path is worth one more depth if its chance beats the marginal cost
+        rate = gains[best] / times[best]  # committed tokens per second at the optimum
+        marginal = (times[min(best + 1, len(times) - 1)] - times[best]) or times[best] / max(best, 1)
+        budget = Budget(best, self.nodes(best), min_path_prob=min(0.5, marginal * rate))
+        self.choices.append((budget.max_depth, budget.max_nodes))
+        self.predicted.append((gains[best], times[best]))
+        return budget
+
+    def observe(self, step: StepStats, context_len: int) -> None:
+        if not step.drafted:
+            if self.profile:  # a plain step measures t_plain itself
+                self.verify_scale = 0.9 * self.verify_scale + 0.1 * (step.verify_s / self.profile.plain_s)
+            return
+        self.acceptance.observe(step.depth, step.accepted)
+        per_depth = step.draft_s / max(step.depth, 1)
+        self.depth_s = per_depth if self.depth_s is None else 0.8 * self.depth_s + 0.2 * per_depth
+        predicted = self.profile.plain_s * self.profile.c(step.drafted)
+        self.verify_scale = 0.9 * self.verify_scale + 0.1 * (step.verify_s / predicted)
+
+    def summary(self) -> dict:
+        """Budgets given and what the model predicted, for reports."""
+        steps = self.choices or [(0, 0)]
+        committed = sum(g for g, _ in self.predicted)
+        seconds = sum(t for _, t in self.predicted)
+        plain = self.profile.plain_s * self.verify_scale if self.profile else None
+        return {"mean_depth": statistics.mean(d for d, _ in steps), "mean_nodes": statistics.mean(n for _, n in steps),
+                "plain_share": sum(d == 0 for d, _ in steps) / len(steps),
+                "predicted_speedup": (committed / seconds) * plain if seconds and plain else None,
+                "pass_rates": self.acceptance.rates(), "depth_s": self.depth_s,
+                "verify_curve": dict(zip(self.profile.sizes, self.profile.ratios)) if self.profile else None}
