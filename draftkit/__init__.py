@@ -9,6 +9,8 @@ This module only wires names to classes; the work happens in drafters/ and verif
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from verify.contract import Budget, DecodeState, Drafter, DraftTree, NoDrafter, StepResult
@@ -22,7 +24,7 @@ from draftkit.models import load_model, load_target
 
 DRAFTERS = tuple(REGISTRY)
 
-__all__ = ["Budget", "DRAFTERS", "DecodeState", "DraftTree", "Drafter", "GenerationOutput", "NoDrafter", "Sampling",
+__all__ = ["BestOfN", "Budget", "DRAFTERS", "best_of_n", "generate_batch", "DecodeState", "DraftTree", "Drafter", "GenerationOutput", "NoDrafter", "Sampling",
            "StepResult", "ZooError", "generate", "load_model", "load_target", "make_drafter"]
 
 
@@ -33,3 +35,59 @@ def make_drafter(method: str, target, path: str | None = None, tokenizer=None, *
     if method in ("none", "plain"):
         return NoDrafter()
     return build(method, target, path, tokenizer, **flags)
+
+
+def _lanes(drafter, target, n: int) -> list:
+    """n drafters: `drafter` is a method name, a callable returning a fresh drafter, or None (plain)."""
+    if drafter is None:
+        return [NoDrafter() for _ in range(n)]
+    if isinstance(drafter, str):
+        return [make_drafter(drafter, target) for _ in range(n)]
+    if callable(drafter) and not isinstance(drafter, Drafter):
+        return [drafter() for _ in range(n)]
+    raise TypeError("pass a drafter name or a callable that returns a fresh drafter: each sequence needs its own")
+
+
+def generate_batch(target, prompts, drafter=None, max_new_tokens: int = 64, sampling: Sampling | None = None,
+                   eos_token_id=None, seed: int | None = None, budget="auto") -> list[GenerationOutput]:
+    """Decode a batch of prompts of any lengths together: one target forward per step for all rows, each row
+    accepting its own number of tokens and finishing on its own (verify/packed.py). `drafter`: a method name
+    or a callable returning a fresh drafter (one per row)."""
+    from verify.packed import generate_packed
+
+    return generate_packed(target, list(prompts), _lanes(drafter, target, len(prompts)), max_new_tokens, sampling,
+                           eos_token_id, seed, budget).outputs
+
+
+@dataclass
+class BestOfN:
+    samples: list[GenerationOutput]  # all N continuations
+    rewards: list[float]
+    best: int  # index of the highest reward
+    kv_entries: int  # target KV entries held (the prompt once + each sample's tokens)
+    kv_entries_independent: int  # what N independent sequences would hold
+
+
+def mean_logprob(sample: GenerationOutput, logprobs: list[float]) -> float:
+    """The default reward: the target's mean log-probability of the sample's tokens (temperature 1)."""
+    return sum(logprobs) / max(len(logprobs), 1)
+
+
+def best_of_n(target, prompt, n: int, reward=None, drafter=None, sampling: Sampling | None = None,
+              max_new_tokens: int = 64, eos_token_id=None, seed: int | None = None, budget="auto") -> BestOfN:
+    """N sampled continuations of one prompt whose KV is stored once (N branches of one tree hanging off the
+    prompt), each drafted and verified speculatively and losslessly; the best by `reward(sample)` (default:
+    the target's mean log-probability of the continuation). `drafter`: a method name or a factory."""
+    from verify.packed import generate_packed, kv_entries_independent
+
+    if n < 1:
+        raise ValueError(f"n must be >= 1, got {n}")
+    sampling = sampling or Sampling(temperature=1.0)
+    out = generate_packed(target, [prompt], _lanes(drafter, target, n), max_new_tokens, sampling, eos_token_id,
+                          seed, budget, shared_prompt=True)
+    rewards = [float(reward(s)) if reward is not None else mean_logprob(s, lp)
+               for s, lp in zip(out.outputs, out.logprobs)]
+    best = max(range(n), key=rewards.__getitem__)
+    p = out.outputs[0].sequence.numel() - out.outputs[0].tokens.numel()
+    independent = kv_entries_independent(p, [s.tokens.numel() for s in out.outputs])
+    return BestOfN(out.outputs, rewards, best, out.kv_entries, independent)

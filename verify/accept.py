@@ -20,6 +20,7 @@ Logits arrive as (n + 1, V): row 0 is the root's slot, row i + 1 node i's.
 """
 from __future__ import annotations
 
+import hashlib
 import math
 from dataclasses import dataclass
 
@@ -56,6 +57,16 @@ class Sampling:
     @property
     def lossless(self) -> bool:
         return self.acceptance == "exact"
+
+
+def verifier_generator(seed: int | None, device) -> torch.Generator | None:
+    """The acceptance rule's random stream, on the logits' device. The seed is salted (hashed with a tag)
+    so that a drafter seeded with the same number draws an independent stream: a draft sampled from the
+    same uniforms that test it would no longer be tested fairly, and sampling would stop being exact."""
+    if seed is None:
+        return None
+    salted = int.from_bytes(hashlib.sha256(f"draftkit-verify:{seed}".encode()).digest()[:8], "little") >> 1
+    return torch.Generator(device=device).manual_seed(salted)
 
 
 def target_probs(logits: torch.Tensor, s: Sampling) -> torch.Tensor:
@@ -118,7 +129,9 @@ def sample_accept(tree: DraftTree, p_all: torch.Tensor, gen: torch.Generator | N
       iid draws (SpecInfer):  accept x_j w.p. min(1, p(x_j) / q(x_j)); else p <- norm(max(p - q, 0))
       without replacement (recursive rejection sampling, Jeon et al. 2024): q_j is q with the
         earlier siblings' tokens removed and renormalized; accept w.p. min(1, p(x_j) / q_j(x_j));
-        else p <- norm(max(p - q_j, 0))
+        else p <- norm(max(p - q_j, 0)). Exact when a slot's children, in order, are its first
+        draws and their number was fixed before they were seen (it may depend on earlier
+        siblings, never on the kept or dropped draws themselves: see drafters/tree_search.py)
       one-hot q (q is None): accept w.p. p(x_j); else p(x_j) <- 0 and renormalize.
     The bonus is drawn from what remains of p at the slot where the walk stops.
     """

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from verify.accept import Sampling, accept
+from verify.accept import Sampling, accept, verifier_generator
 from verify.budget import BudgetPolicy, make_policy
 from verify.contract import DecodeState, Drafter, DraftTree, NoDrafter, StepResult
 from verify.forward import Verifier
@@ -102,7 +102,7 @@ def generate(model, input_ids, drafter: Drafter | None = None, max_new_tokens: i
     check_room(verifier, prompt.numel(), max_new_tokens)
     verifier.kv.reserve(prompt.numel() + max_new_tokens + cap.max_nodes + 1)
     eos = eos_set(model, eos_token_id)
-    gen = torch.Generator(device=model.device).manual_seed(seed) if seed is not None else None
+    gen = verifier_generator(seed, model.device)
     layers = tuple(getattr(drafter, "hidden_layers", ()))
 
     drafter.reset(prompt)
