@@ -37,6 +37,7 @@ from verify.contract import Budget
 from verify.stats import StepStats
 
 PROFILE_SIZES = (1, 2, 4, 8, 16, 32, 64)
+PROFILE_TTL_S = 24 * 3600
 
 
 def seeds_speedup(alpha: float, k: int, phi: float) -> float:
@@ -89,6 +90,7 @@ class CostProfile:
     ratios: list[float]
     context: int = 0
     key: str = ""
+    measured_at: float = 0.0  # unix time; profiles older than PROFILE_TTL_S are measured again
 
     def c(self, n: float) -> float:
         """c(n), linear between measured sizes and beyond the last two; c(0) = 1."""
@@ -132,7 +134,7 @@ class CostProfile:
                 if rep:  # the first round warms up
                     times[i].append(time.perf_counter() - t0)
                 ver.kv.drop_pending()  # the same context every time
-        plain, *rest = (statistics.median(t) for t in times)
+        plain, *rest = (min(t) for t in times)  # other processes only ever add time: the minimum is the cost
         ratios = [max(1.0, t / plain) for t in rest]
         # a longer tree never costs less: keep the curve monotone against timing noise
         for i in range(1, len(ratios)):
@@ -147,11 +149,13 @@ class CostProfile:
         path = _cache_dir() / (hashlib.sha256(key.encode()).hexdigest()[:20] + ".json")
         if cache and path.exists():
             try:
-                return cls(**json.loads(path.read_text()))
+                prof = cls(**json.loads(path.read_text()))
+                if time.time() - prof.measured_at < PROFILE_TTL_S:
+                    return prof
             except (ValueError, TypeError):
                 pass  # a damaged file: measure again
         prof = cls.measure(model, bucket)
-        prof.key = key
+        prof.key, prof.measured_at = key, time.time()
         if cache:
             path.parent.mkdir(parents=True, exist_ok=True)
             tmp = path.with_suffix(".tmp")
@@ -220,7 +224,8 @@ class AutoBudget:
         self.nodes_per_depth = cap.max_nodes / max(cap.max_depth, 1)
         self.acceptance = AcceptanceModel(max(cap.max_depth, 1))
         self.depth_s: float | None = None  # measured draft seconds per depth (EMA)
-        self.verify_scale = 1.0  # measured verify time / profile prediction (EMA)
+        self.plain_s: float | None = None  # measured plain step seconds (EMA; the profile's until measured)
+        self.correction: dict[int, float] = {}  # per profile size: measured verify time / the profile's (EMA)
         self.probe_every, self._probe_wait, self._idle = probe_every, probe_every, 0
         self.choices: list[tuple[int, int]] = []  # (depth, nodes) given per step, for reports
         self.predicted: list[tuple[float, float]] = []  # (expected committed, expected seconds) per step
@@ -232,11 +237,20 @@ class AutoBudget:
     def nodes(self, depth: int) -> int:
         return min(self.cap.max_nodes, max(depth, round(self.nodes_per_depth * depth)))
 
-    def step_time(self, depth: int) -> float:
-        plain = self.profile.plain_s * self.verify_scale
-        if depth == 0:
+    def _bucket(self, nodes: int) -> int:
+        return min(self.profile.sizes, key=lambda s: abs(s - nodes))
+
+    def verify_time(self, nodes: int) -> float:
+        """Seconds to verify `nodes` draft nodes: the profile's curve, corrected by what steps measured."""
+        plain = self.plain_s or self.profile.plain_s
+        if nodes == 0:
             return plain
-        return plain * self.profile.c(self.nodes(depth)) + depth * (self.depth_s or 0.0)
+        return self.profile.plain_s * self.profile.c(nodes) * self.correction.get(self._bucket(nodes), 1.0)
+
+    def step_time(self, depth: int) -> float:
+        if depth == 0:
+            return self.verify_time(0)
+        return self.verify_time(self.nodes(depth)) + depth * (self.depth_s or 0.0)
 
     def plan(self) -> tuple[int, list[float], list[float]]:
         """(best depth, expected committed per depth, expected seconds per depth) for depths 0..max."""
@@ -268,22 +282,24 @@ class AutoBudget:
         return budget
 
     def observe(self, step: StepStats, context_len: int) -> None:
-        if not step.drafted:
-            if self.profile:  # a plain step measures t_plain itself
-                self.verify_scale = 0.9 * self.verify_scale + 0.1 * (step.verify_s / self.profile.plain_s)
+        if not step.drafted:  # a plain step measures t_plain itself
+            self.plain_s = step.verify_s if self.plain_s is None else 0.9 * self.plain_s + 0.1 * step.verify_s
             return
         self.acceptance.observe(step.depth, step.accepted)
         per_depth = step.draft_s / max(step.depth, 1)
         self.depth_s = per_depth if self.depth_s is None else 0.8 * self.depth_s + 0.2 * per_depth
-        predicted = self.profile.plain_s * self.profile.c(step.drafted)
-        self.verify_scale = 0.9 * self.verify_scale + 0.1 * (step.verify_s / predicted)
+        # the measured verify time corrects the curve near this size (a profile taken on a busy machine heals)
+        bucket = self._bucket(step.drafted)
+        ratio = step.verify_s / (self.profile.plain_s * self.profile.c(step.drafted))
+        old = self.correction.get(bucket)
+        self.correction[bucket] = ratio if old is None else 0.7 * old + 0.3 * ratio
 
     def summary(self) -> dict:
         """Budgets given and what the model predicted, for reports."""
         steps = self.choices or [(0, 0)]
         committed = sum(g for g, _ in self.predicted)
         seconds = sum(t for _, t in self.predicted)
-        plain = self.profile.plain_s * self.verify_scale if self.profile else None
+        plain = (self.plain_s or self.profile.plain_s) if self.profile else None
         return {"mean_depth": statistics.mean(d for d, _ in steps), "mean_nodes": statistics.mean(n for _, n in steps),
                 "plain_share": sum(d == 0 for d, _ in steps) / len(steps),
                 "predicted_speedup": (committed / seconds) * plain if seconds and plain else None,

@@ -146,12 +146,12 @@ def generate(model, input_ids, drafter: Drafter | None = None, max_new_tokens: i
                          budget_nodes=given.max_nodes if given else 0,
                          rejected=bool(tree.children[acc[-1] + 1 if acc else 0]))
         stats.steps.append(step)
-        if done:
-            break
         fed = torch.cat([pending, tree.tokens[acc]]) if acc else pending
         drafter.update(StepResult(new_tokens=buf[T - len(new):T], fed_tokens=fed,
                                   hidden=hidden_rows(hidden, m, acc), logits=logits, tree=tree, accepted=acc))
         step.draft_s += time.perf_counter() - t2
+        if done:  # the drafter saw the last tokens too (a global cache keeps them for later requests)
+            break
         policy.observe(step, T)
         pending = buf[T - 1:T]
     seq = buf[:T].clone()

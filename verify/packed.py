@@ -63,6 +63,7 @@ class PackedVerifier(Verifier):
         super().__init__(model, capacity=capacity)
         self.owner = torch.full((capacity,), SHARED, dtype=torch.long, device=model.device)
         self.peak_entries = 0
+        self.peak_logits_bytes = 0
 
     def forward_lanes(self, inputs: torch.Tensor, lane_of: torch.Tensor, block: torch.Tensor,
                       position_ids: torch.Tensor, hidden_layers, logits_to_keep: int):
@@ -81,6 +82,7 @@ class PackedVerifier(Verifier):
                          logits_to_keep=logits_to_keep, output_hidden_states=bool(hidden_layers))
         self.kv.end_forward()
         self.peak_entries = max(self.peak_entries, self.kv.lengths[0] + self.kv.pending)
+        self.peak_logits_bytes = max(self.peak_logits_bytes, out.logits.numel() * out.logits.element_size())
         states = tuple(out.hidden_states[i][0] for i in hidden_layers) if hidden_layers else None
         return out.logits[0], states
 
@@ -102,6 +104,9 @@ class PackedOutput:
     kv_entries: int  # the most target KV entries held at once (between steps)
     kv_entries_peak: int  # the same including one step's draft-tree entries
     kv_bytes: int  # bytes of the target KV buffer as allocated
+    kv_bytes_used: int  # bytes of the target KV entries held at the end (what an exact-size cache holds)
+    draft_kv_bytes: int  # bytes of the drafters' own KV buffers (standalone, EAGLE), all lanes
+    buffer_bytes: int  # the step's tree buffers: attention mask buffer and the largest logits block
 
 
 def _first_tokens(logits_last: torch.Tensor, lanes, sampling: Sampling, gen) -> list[int]:
@@ -223,7 +228,10 @@ def generate_packed(model, prompts, drafters, max_new_tokens: int = 64, sampling
         seq = torch.tensor(ln.tokens, device=model.device)
         outs.append(GenerationOutput(seq[ln.prompt.numel():], seq, ln.stats, lossless=sampling.lossless))
     committed = ver.kv.lengths[0]
-    return PackedOutput(outs, [ln.logprobs for ln in lanes], committed, ver.peak_entries, ver.kv.nbytes())
+    draft_kv = sum(d.cache.nbytes() for d in drafters if isinstance(getattr(d, "cache", None), KVBuffer))
+    buffers = ver.masks.buf.numel() * ver.masks.buf.element_size() + ver.peak_logits_bytes
+    return PackedOutput(outs, [ln.logprobs for ln in lanes], committed, ver.peak_entries, ver.kv.nbytes(),
+                        ver.kv.used_bytes(), draft_kv, buffers)
 
 
 def _pick(hidden, layers, drafter):
