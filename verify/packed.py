@@ -211,8 +211,6 @@ def generate_packed(model, prompts, drafters, max_new_tokens: int = 64, sampling
         for ln in live:
             tree, acc, start, m, rows, new = ln._step
             ln.position += m + len(acc)
-            if ln.done:
-                continue
             fed = torch.cat([ln.pending, tree.tokens[acc]]) if acc else ln.pending
             sel = None
             if hidden is not None:
@@ -221,6 +219,8 @@ def generate_packed(model, prompts, drafters, max_new_tokens: int = 64, sampling
             t2 = time.perf_counter()
             ln.drafter.update(StepResult(torch.tensor(new, device=model.device), fed, sel, rows, tree, acc))
             ln.stats.steps[-1].draft_s += time.perf_counter() - t2
+            if ln.done:  # the drafter saw its last tokens; nothing more to feed
+                continue
             ln.policy.observe(ln.stats.steps[-1], len(ln.tokens))
             ln.pending = torch.tensor(new[-1:], device=model.device)
     outs = []
