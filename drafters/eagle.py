@@ -25,6 +25,12 @@ and nothing at all while the budget keeps the drafter idle.
 
 Saved folder: config.json (sizes, feature_layers, target name and the
 architecture of the draft layer) + model.safetensors (fp16; loaded as fp32).
+
+This is draftkit's own layout ("draftkit"). The reference-exact EAGLE-1/2 and
+EAGLE-3 drafts that vLLM and SGLang compute are layout "reference"
+(drafters/eagle_reference.py); both plug into EagleDrafter, which asks the draft
+for `logits(features, target_head)`. Folders in the public formats load through
+drafters/formats.py.
 """
 from __future__ import annotations
 
@@ -37,7 +43,7 @@ import torch
 from torch import nn
 from transformers import AutoConfig, AutoModel
 
-from drafters.tree_search import dynamic_tree, sample_chain
+from drafters.tree_search import dynamic_tree, sample_chain, sampled_tree, sampled_trees_enabled
 from verify.cache import KVBuffer
 from verify.contract import Budget, DecodeState, DraftTree, StepResult
 from verify.forward import run_model
@@ -89,6 +95,10 @@ class EagleConfig:
     target_name: str = ""
     layer_config: dict = field(default_factory=dict)  # the target's config: architecture of the draft layer
     kind: str = "eagle"
+    layout: str = "draftkit"  # "draftkit" (this module) or "reference" (drafters/eagle_reference.py)
+    draft_vocab_size: int = 0  # reference layout: size of a reduced draft vocabulary (0: the target's)
+    fc_bias: bool = False  # reference EAGLE-1: fc with a bias (SafeAILab's original checkpoints)
+    norm_before_residual: bool = False  # reference EAGLE-3: residual taken after hidden_norm (speculators)
 
     @classmethod
     def from_target(cls, target, feature_layers: Sequence[int] | None = None) -> "EagleConfig":
@@ -172,6 +182,14 @@ class EagleDraftModel(nn.Module):
                         attention_mask=attention_mask, position_ids=position_ids)
         return out.last_hidden_state
 
+    def logits(self, features: torch.Tensor, head: nn.Module) -> torch.Tensor:
+        """Target-vocabulary logits of the draft's outputs (here: the target's LM head over them)."""
+        return head(features.to(head.weight.dtype))
+
+    @property
+    def cache_config(self):
+        return self.body.config
+
     # --- compatibility and files ----------------------------------------------------------------
     def check_target(self, target) -> None:
         """Raise ValueError when this draft was made for a target of another shape."""
@@ -195,7 +213,9 @@ class EagleDraftModel(nn.Module):
             json.dump(asdict(self.config), fh, indent=2)
 
     @classmethod
-    def from_pretrained(cls, path: str) -> "EagleDraftModel":
+    def from_pretrained(cls, path: str, target=None) -> "EagleDraftModel":
+        """A draftkit-layout folder; any other layout or format (reference layout, SafeAILab, SpecForge,
+        speculators, engine exports) goes through drafters.formats (`target` fills what they omit)."""
         from safetensors.torch import load_file
 
         cfg_path = os.path.join(path, CONFIG_NAME)
@@ -203,8 +223,10 @@ class EagleDraftModel(nn.Module):
             raise FileNotFoundError(f"{path} holds no EAGLE draft ({CONFIG_NAME} missing)")
         with open(cfg_path) as fh:
             raw = json.load(fh)
-        if raw.get("kind") != "eagle":
-            raise ValueError(f"{path} is not an EAGLE draft folder (kind={raw.get('kind')!r})")
+        if raw.get("kind") != "eagle" or raw.get("layout", "draftkit") != "draftkit":
+            from drafters.formats import load_eagle_draft
+
+            return load_eagle_draft(path, target)
         draft = cls(EagleConfig(**raw))
         state = {k: v.float() for k, v in load_file(os.path.join(path, WEIGHTS_NAME)).items()}
         missing, unexpected = draft.load_state_dict(state, strict=False)
@@ -220,11 +242,13 @@ class EagleDrafter:
 
     max_depth: draft depth; max_nodes: tree size cap; top_k: children expanded per frontier node
     (1: a single chain, sampled from q in sampling mode). The budget each step may be smaller.
-    temperature: the draft's q temperature for sampled chains (default: the sampling temperature).
+    temperature: the draft's q temperature when sampling (default: the sampling temperature).
+    Under sampling a tree's children are drawn from q without replacement (tree_search.sampled_tree);
+    `sampling`: the decoding's Sampling, whose top-k / top-p q then gets too.
     """
 
     def __init__(self, target, draft: EagleDraftModel, max_depth: int = 5, max_nodes: int = 48, top_k: int = 8,
-                 temperature: float | None = None, seed: int | None = None):
+                 temperature: float | None = None, seed: int | None = None, sampling=None):
         if max_depth < 1:
             raise ValueError(f"draft depth max_depth must be >= 1, got {max_depth}")
         if top_k < 1 or max_nodes < 1:
@@ -239,9 +263,10 @@ class EagleDrafter:
         self.draft = draft.to(self.device).eval()
         self.dtype = next(draft.parameters()).dtype
         self.hidden_layers = tuple(draft.config.feature_layers)
-        self.top_k = min(top_k, draft.config.vocab_size)
+        self.top_k = min(top_k, draft.config.draft_vocab_size or draft.config.vocab_size)
         self.budget_cap = Budget(max_depth, max_nodes if top_k > 1 else max_depth)
         self.temperature = temperature
+        self.sampling = sampling
         self.gen = torch.Generator().manual_seed(seed) if seed is not None else None
         self.masks = MaskBuffer(self.dtype, self.device)
         self.cache = KVBuffer(num_layers=1, capacity=0)
@@ -249,7 +274,10 @@ class EagleDrafter:
 
     @classmethod
     def from_pretrained(cls, path: str, target, **flags) -> "EagleDrafter":
-        return cls(target, EagleDraftModel.from_pretrained(path), **flags)
+        """draftkit folders of either layout and the public formats (drafters/formats.py)."""
+        from drafters.formats import load_eagle_draft
+
+        return cls(target, load_eagle_draft(path, target), **flags)
 
     def reset(self, prompt) -> None:
         self.cache.reset()  # committed pairs (committed tokens - 1)
@@ -258,7 +286,8 @@ class EagleDrafter:
         self.todo = []  # (features (k, nH), next tokens (k,)) of kept positions the draft has not run yet
 
     def _logits(self, feats: torch.Tensor) -> torch.Tensor:
-        return self.head(feats.to(self.head.weight.dtype))
+        """Target-vocabulary logits (reference EAGLE-3: the draft's own head, -inf outside its vocabulary)."""
+        return self.draft.logits(feats, self.head)
 
     def _run(self, feats, tokens, block=None, offsets=None) -> torch.Tensor:
         """(k, H) draft outputs for pairs (feats, tokens) on top of the draft cache (pending entries)."""
@@ -288,10 +317,14 @@ class EagleDrafter:
             return DraftTree.empty(state.tokens.device)
         self._catch_up()
         root_logits = self._logits(self.bank[0])
+        temperature = self.temperature or state.temperature
         if self.top_k == 1:
-            return sample_chain(root_logits, self._forward, depth, state.greedy, self.gen,
-                                self.temperature or state.temperature)
-        return dynamic_tree(root_logits, self._forward, depth, self.top_k, budget.max_nodes)
+            return sample_chain(root_logits, self._forward, depth, state.greedy, self.gen, temperature, self.sampling)
+        floor = getattr(budget, "min_path_prob", 0.0)
+        if not state.greedy and sampled_trees_enabled():
+            return sampled_tree(root_logits, self._forward, depth, self.top_k, budget.max_nodes, self.gen,
+                                temperature, self.sampling, floor)
+        return dynamic_tree(root_logits, self._forward, depth, self.top_k, budget.max_nodes, floor)
 
     @torch.no_grad()
     def update(self, result: StepResult) -> None:

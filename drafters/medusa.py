@@ -13,9 +13,14 @@ row, and `propose` runs the heads on it. The draft is a fixed sparse tree of hea
 top-k choices ("medusa choices"): paths such as (0,), (1,), (0, 0) meaning
 "head 0's best token, then head 1's best token below it". The choices are built
 greedily from per-head top-k accuracies measured on held-out data
-(`build_tree_choices`) and saved beside the heads. Proposals are deterministic
-(q is None), so exact acceptance stays lossless; typical acceptance is the
-verifier's business (`Sampling(acceptance="typical")`).
+(`build_tree_choices`) and saved beside the heads. Greedy proposals are
+deterministic (q is None). Under sampling, each head's candidates are drawn from
+q = softmax(head logits / T) without replacement (Gumbel-top-k) and rank r means
+the r-th draw: the children of every slot are then the first draws of their head's
+sequence, as recursive rejection sampling requires (children of different parents
+at one depth share that head's sequence, which is fine: an accepted path passes
+one slot per depth). Exact acceptance stays lossless either way; typical
+acceptance is the verifier's business (`Sampling(acceptance="typical")`).
 
 A saved Medusa folder (written by train/medusa.py or `save_pretrained`):
     config.json         head shapes and the target they were trained for
@@ -37,7 +42,8 @@ import warnings
 import torch
 from torch import nn
 
-from verify.contract import Budget, DecodeState, DraftTree, StepResult
+from drafters.tree_search import draft_probs, gumbel_order, sampled_trees_enabled
+from verify.contract import WITHOUT_REPLACEMENT, Budget, DecodeState, DraftTree, StepResult
 
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
@@ -211,11 +217,14 @@ class MedusaDrafter:
 
     target: the model being decoded (for Medusa-2: the LoRA-merged, fine-tuned target);
     heads: MedusaHeads; tree_choices: paths of top-k ranks (see `build_tree_choices`).
+    sampling: the decoding's Sampling, whose top-k / top-p sampled q then gets too; seed: of the
+    draws when sampling (None: torch's global generator).
     """
 
     hidden_layers: tuple[int, ...] = (-1,)  # the final hidden state (after the final norm)
 
-    def __init__(self, target, heads: MedusaHeads, tree_choices, accuracies=None):
+    def __init__(self, target, heads: MedusaHeads, tree_choices, accuracies=None, sampling=None,
+                 seed: int | None = None):
         hidden, vocab, _, name = _target_dims(target)
         if (heads.hidden_size, heads.vocab_size) != (hidden, vocab):
             raise ValueError(f"Medusa heads (hidden size {heads.hidden_size}, vocabulary {heads.vocab_size}) do not "
@@ -225,6 +234,8 @@ class MedusaDrafter:
         if heads.share_lm_head and heads._lm_head is None:
             heads.attach_lm_head(target.get_output_embeddings())
         self.accuracies = accuracies
+        self.sampling = sampling
+        self.gen = torch.Generator().manual_seed(seed) if seed is not None else None
         self.set_tree(tree_choices)
         self.reset(None)
 
@@ -273,10 +284,37 @@ class MedusaDrafter:
         p = next(self.heads.parameters(), None)
         h = self.hidden.to(p.device, p.dtype) if p is not None else self.hidden
         logits = self.heads(h[None])[:, 0]  # (num_heads, V)
+        if not state.greedy and sampled_trees_enabled():
+            return self._sampled(logits, head, parents, state.temperature, device)
         top = logits.topk(self.top_k, dim=-1).indices  # (num_heads, top_k), stays on the device
         tokens = top[head.to(top.device), rank.to(top.device)].to(device)
         tree = DraftTree(tokens, torch.tensor(parents, device=device))
         tree._parents = parents  # the topology is known on the host: validation reads nothing back
+        return tree
+
+    def _sampled(self, logits, head, parents, temperature: float, device) -> DraftTree:
+        """The layout's tree with rank r of a slot's children = the r-th draw without replacement from
+        its head's q. A slot's children are taken in rank order (the layout sorts them), so its
+        j-th child is the j-th draw whatever ranks the choices name: always a prefix of the draws."""
+        draw, seen = [], {}
+        for pa in parents:
+            draw.append(seen.get(pa, 0))
+            seen[pa] = draw[-1] + 1
+        q = draft_probs(logits, temperature, self.sampling)  # (num_heads, V)
+        gen = self.gen if self.gen is None or self.gen.device == q.device else None
+        order = gumbel_order(q, min(max(draw) + 1, q.shape[-1]), gen)  # (num_heads, k)
+        support = (q > 0).sum(-1).tolist()
+        keep, index = [], {}  # drop draws past a head's support (q = 0 there) and their subtrees
+        for i, (hd, d, pa) in enumerate(zip(head.tolist(), draw, parents)):
+            if d < support[hd] and (pa < 0 or pa in index):
+                index[i] = len(keep)
+                keep.append(i)
+        kept_parents = [index[parents[i]] if parents[i] >= 0 else -1 for i in keep]
+        rows = head[keep].to(q.device)
+        tokens = order[rows, torch.tensor([draw[i] for i in keep], device=q.device)].to(device)
+        tree = DraftTree(tokens, torch.tensor(kept_parents, device=device), q=q[rows].to(device),
+                         draws=WITHOUT_REPLACEMENT)
+        tree._parents = kept_parents
         return tree
 
     def update(self, result: StepResult) -> None:
@@ -302,8 +340,10 @@ class MedusaDrafter:
             raise FileNotFoundError(f"{path} holds no Medusa {CONFIG_NAME}")
         with open(cfg_path) as fh:
             cfg = json.load(fh)
-        if cfg.get("model_type") != MODEL_TYPE:
-            raise ValueError(f"{cfg_path} is not a draftkit Medusa config (model_type {cfg.get('model_type')!r})")
+        if cfg.get("model_type") != MODEL_TYPE:  # vLLM's or FasterDecoding's layout (drafters/formats.py)
+            from drafters.formats import load_medusa_heads
+
+            return cls._finish(path, target, load_medusa_heads(path, target), tree_size, dtype)
         hidden, vocab, layers, name = _target_dims(target)
         made_for = cfg.get("target", {})
         if (cfg["hidden_size"], cfg["vocab_size"]) != (hidden, vocab):
@@ -325,6 +365,11 @@ class MedusaDrafter:
         if missing or unexpected:
             raise ValueError(f"{path}/{WEIGHTS_NAME} does not match its config: missing {missing}, "
                              f"unexpected {unexpected}")
+        return cls._finish(path, target, heads, tree_size, dtype)
+
+    @classmethod
+    def _finish(cls, path: str, target, heads: MedusaHeads, tree_size, dtype) -> "MedusaDrafter":
+        """Heads to the target's device and dtype; the tree from tree.json or from (default) accuracies."""
         tdtype = next(target.parameters()).dtype
         tdev = next(target.parameters()).device
         if dtype is None:

@@ -11,7 +11,8 @@ start of the next proposal.
 from __future__ import annotations
 
 import torch
-from drafters.tree_search import dynamic_tree, kept_entries, sample_chain
+from drafters.tree_search import dynamic_tree, kept_entries, sample_chain, sampled_tree, sampled_trees_enabled
+from verify.accept import Sampling
 from verify.cache import KVBuffer  # the same cache class the verifier uses
 from verify.contract import Budget, DecodeState, DraftTree, StepResult
 from verify.forward import context_limit, run_model
@@ -39,14 +40,17 @@ class StandaloneDrafter:
     max_depth: draft depth (K for a chain); max_nodes: tree size cap (a chain uses max_depth);
     top_k: children expanded per node (1 = chain). The budget each step may be smaller.
     In sampling mode a chain is sampled from the draft at `temperature` (default: the sampling
-    temperature) and q returned; trees are deterministic top-k proposals (one-hot q), which
-    keeps acceptance lossless either way.
+    temperature) and q returned; a tree's children are drawn from q without replacement
+    (drafters.tree_search.sampled_tree; verified by recursive rejection sampling). `sampling`:
+    the decoding's Sampling, whose top-k / top-p q then gets too. Greedy trees are deterministic
+    top-k proposals (one-hot q). Acceptance is lossless either way.
     """
 
     hidden_layers: tuple[int, ...] = ()
 
     def __init__(self, model, max_depth: int = 4, max_nodes: int | None = None, top_k: int = 1,
-                 temperature: float | None = None, seed: int | None = None, target=None):
+                 temperature: float | None = None, seed: int | None = None, target=None,
+                 sampling: Sampling | None = None):
         if target is not None:
             check_same_vocabulary(target, model)
         if max_depth < 1:
@@ -60,6 +64,7 @@ class StandaloneDrafter:
         self.top_k = top_k
         self.budget_cap = Budget(max_depth, max_nodes)
         self.temperature = temperature
+        self.sampling = sampling
         self.gen = torch.Generator().manual_seed(seed) if seed is not None else None
         self.max_len = context_limit(model)
         self.masks = MaskBuffer(model.dtype, model.device)
@@ -86,10 +91,14 @@ class StandaloneDrafter:
         logits = run_model(self.model, self.cache, None, None, None, input_ids=new[None].to(self.model.device),
                            logits_to_keep=1).logits[0, -1]
         self.cache.commit(list(range(new.numel())))
+        temperature = self.temperature or state.temperature
         if self.top_k == 1:
-            return sample_chain(logits, self._forward, depth, state.greedy, self.gen,
-                                self.temperature or state.temperature)
-        return dynamic_tree(logits, self._forward, depth, self.top_k, budget.max_nodes)
+            return sample_chain(logits, self._forward, depth, state.greedy, self.gen, temperature, self.sampling)
+        floor = getattr(budget, "min_path_prob", 0.0)
+        if not state.greedy and sampled_trees_enabled():
+            return sampled_tree(logits, self._forward, depth, self.top_k, budget.max_nodes, self.gen, temperature,
+                                self.sampling, floor)
+        return dynamic_tree(logits, self._forward, depth, self.top_k, budget.max_nodes, floor)
 
     def update(self, result: StepResult) -> None:
         # keep the draft entries of the accepted path that went through the draft; drop the rest

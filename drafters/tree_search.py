@@ -4,6 +4,23 @@ EAGLE-2's dynamic tree: start from the root's top_k children; at each depth
 expand the top_k frontier nodes by cumulative draft log-probability (one draft
 forward for the whole frontier), then keep the best `max_nodes` nodes of
 everything seen. A chain is top_k = 1 (and may be sampled, giving q).
+Both trees stop expanding paths whose draft probability is below the budget's
+`min_path_prob`.
+
+When sampling, `sampled_tree` draws every node's children from q WITHOUT
+replacement (Gumbel-top-k on log q at the sampling temperature; Jeon et al. 2024)
+and returns q and draws=WITHOUT_REPLACEMENT, for the verifier's recursive
+rejection sampling. That rule is exact only if, at every slot, the children are
+the first m draws of that slot's sequence and m was decided before those draws
+were seen (a stopping rule: it may depend on the slot's earlier draws and on
+anything else in the tree, never on the draws it keeps or drops). EAGLE-2's final
+rerank (keep the best max_nodes of everything drawn) breaks this: it keeps a
+sibling because of its own probability. So the sampled tree grows best-first
+instead: the next child of a node is worth score(node) + (the next-largest log q
+at that node), known before the draw; it is drawn when it beats every path that a
+later draft forward could still extend; nothing drawn is ever dropped. The
+`DRAFTKIT_SAMPLED_TREES=0` environment variable turns this off (deterministic
+top-k trees with one-hot q under sampling too, as before).
 
 The drafter supplies `forward(tokens, parent_rows, block, depths)`:
     tokens      (k,) long   the frontier nodes to run
@@ -17,11 +34,14 @@ never ran), which is also its offset among the draft cache's pending entries.
 """
 from __future__ import annotations
 
+import math
+import os
 from typing import Callable
 
 import torch
 
-from verify.contract import DraftTree
+from verify.accept import Sampling, target_probs
+from verify.contract import WITHOUT_REPLACEMENT, DraftTree
 
 Forward = Callable[[torch.Tensor, torch.Tensor, "torch.Tensor | None", torch.Tensor], torch.Tensor]
 
@@ -34,9 +54,31 @@ def _generator(gen: torch.Generator | None, device) -> torch.Generator | None:
     return torch.Generator(device=device).manual_seed(int(torch.randint(2**62, (1,), generator=gen)))
 
 
+def sampled_trees_enabled() -> bool:
+    """Sampled (without-replacement) trees under sampling, unless DRAFTKIT_SAMPLED_TREES=0."""
+    return os.environ.get("DRAFTKIT_SAMPLED_TREES", "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+def draft_probs(logits: torch.Tensor, temperature: float, sampling: Sampling | None = None) -> torch.Tensor:
+    """q from draft logits (..., V): the processing p gets (temperature, then the top-k / top-p of
+    `sampling` when given), so that q is as close to p as the draft allows."""
+    if sampling is not None and (sampling.top_k or sampling.top_p < 1.0):
+        return target_probs(logits, Sampling(temperature=temperature, top_k=sampling.top_k, top_p=sampling.top_p))
+    return (logits.float() / temperature).softmax(-1)
+
+
+def gumbel_order(q: torch.Tensor, k: int, gen: torch.Generator | None) -> torch.Tensor:
+    """(R, k) tokens: k draws without replacement from each row of q (R, V), in draw order
+    (Gumbel-top-k: the order of log q + Gumbel noise is that of successive draws without
+    replacement). Positions past a row's support are meaningless; callers stop at the support."""
+    noise = torch.empty_like(q).exponential_(generator=gen)  # -log(Exp(1)) is Gumbel(0, 1)
+    return (q.log() - noise.clamp_min_(torch.finfo(noise.dtype).tiny).log()).topk(k, dim=-1).indices
+
+
 def sample_chain(root_logits: torch.Tensor, forward: Forward, depth: int, greedy: bool,
-                 gen: torch.Generator | None = None, temperature: float = 1.0) -> DraftTree:
-    """A chain of `depth` tokens; sampled from q = softmax(logits / T) unless greedy (then q is None)."""
+                 gen: torch.Generator | None = None, temperature: float = 1.0,
+                 sampling: Sampling | None = None) -> DraftTree:
+    """A chain of `depth` tokens; sampled from q = draft_probs(logits) unless greedy (then q is None)."""
     dev = root_logits.device
     gen = _generator(gen, dev)
     picked, qs, logits = [], [], root_logits
@@ -44,7 +86,7 @@ def sample_chain(root_logits: torch.Tensor, forward: Forward, depth: int, greedy
         if greedy:
             tok = logits.argmax()[None]
         else:
-            q = (logits.float() / temperature).softmax(-1)
+            q = draft_probs(logits, temperature, sampling)
             tok = torch.multinomial(q, 1, generator=gen)
             qs.append(q)
         picked.append(tok)
@@ -58,17 +100,23 @@ def sample_chain(root_logits: torch.Tensor, forward: Forward, depth: int, greedy
 
 
 def dynamic_tree(root_logits: torch.Tensor, forward: Forward, depth: int, top_k: int,
-                 max_nodes: int) -> DraftTree:
-    """EAGLE-2 style tree of at most max_nodes deterministic nodes (q is None: lossless with one-hot q)."""
+                 max_nodes: int, min_path_prob: float = 0.0) -> DraftTree:
+    """EAGLE-2 style tree of at most max_nodes deterministic nodes (q is None: lossless with one-hot q).
+    Nodes whose path probability is below min_path_prob are not expanded."""
     dev = root_logits.device
+    floor = math.log(min_path_prob) if min_path_prob > 0 else None
     top = root_logits.float().log_softmax(-1).topk(top_k)
     toks, scores = [top.indices], [top.values]  # per expansion: (k,) tokens and cumulative log-probs
     pars, depths = [torch.full((top_k,), -1, device=dev)], [torch.ones(top_k, dtype=torch.long, device=dev)]
     frontier = torch.arange(top_k, device=dev)  # node ids (into the concatenation of toks) to run next
+    if floor is not None:
+        frontier = frontier[top.values >= floor]
     run = torch.zeros(0, dtype=torch.long, device=dev)  # node ids in run order
     anc = torch.zeros(0, 0, dtype=torch.bool, device=dev)  # (E, E) ancestors among run rows
     row_of = torch.full((top_k + (depth - 1) * top_k * top_k,), -1, dtype=torch.long, device=dev)
     for d in range(1, depth):
+        if floor is not None and not frontier.numel():
+            break
         all_toks, all_pars = torch.cat(toks), torch.cat(pars)
         k, e = frontier.numel(), run.numel()
         parent_rows = row_of[all_pars[frontier].clamp_min(0)].where(all_pars[frontier] >= 0, -1)
@@ -88,9 +136,112 @@ def dynamic_tree(root_logits: torch.Tensor, forward: Forward, depth: int, top_k:
         scores.append(cand.flatten())
         pars.append(frontier.repeat_interleave(top_k))
         depths.append(torch.full((k * top_k,), d + 1, device=dev))
-        frontier = first_new + cand.flatten().topk(min(top_k, cand.numel())).indices
+        best = cand.flatten().topk(min(top_k, cand.numel()))
+        frontier = first_new + (best.indices if floor is None else best.indices[best.values >= floor])
     host = [t.tolist() for t in (torch.cat(toks), torch.cat(pars), torch.cat(scores), torch.cat(depths), run)]
     return _select(*host, max_nodes, dev)
+
+
+def sampled_tree(root_logits: torch.Tensor, forward: Forward, depth: int, top_k: int, max_nodes: int,
+                 gen: torch.Generator | None = None, temperature: float = 1.0, sampling: Sampling | None = None,
+                 min_path_prob: float = 0.0) -> DraftTree:
+    """A tree of at most max_nodes nodes and depth `depth` whose siblings are drawn from q without
+    replacement (at most top_k children per node); q (n, V) holds each node's parent's q row in
+    full and draws=WITHOUT_REPLACEMENT. See the module notes for why it grows best-first.
+
+    Each node run through the draft (the root first) gets its whole draw order at once
+    (Gumbel-top-k); the tree takes a prefix of it. Rounds: draw the best pending child while its
+    value (score(node) + next-largest log q at the node, a number fixed before the draw) is at
+    least the best score among nodes drawn but not yet run (a later forward may still extend
+    those); then run the top_k best such nodes in one draft forward. After the last forward the
+    budget is filled with the best remaining children. One host read per forward.
+    """
+    dev = root_logits.device
+    gen = _generator(gen, dev)
+    floor = math.log(min_path_prob) if min_path_prob > 0 else -math.inf
+    tok, par, score, dep, pslot, row = [], [], [], [], [], []  # per node (host)
+    slot_node, qs = [-1], []  # slot 0: the root; slot r + 1: the r-th node run through the draft
+    order, logq, best_lq, cap, drawn = [], [], [], [], []  # per slot
+
+    def prepare(logits: torch.Tensor) -> None:
+        """Draw orders and log q for the (k, V) logits of the slots just added."""
+        q = draft_probs(logits, temperature, sampling)
+        k = min(top_k, q.shape[-1])
+        toks = gumbel_order(q, k, gen)
+        host = torch.cat([toks.double(), q.gather(1, toks).log().double(), q.topk(k, dim=-1).values.log().double(),
+                          (q > 0).sum(-1, keepdim=True).double()], 1).tolist()
+        for h in host:
+            order.append([int(t) for t in h[:k]])
+            logq.append(h[k:2 * k])
+            best_lq.append(h[2 * k:3 * k])
+            cap.append(min(k, int(h[3 * k])))
+            drawn.append(0)
+        qs.append(q)
+
+    def slot_score(s: int) -> float:
+        return 0.0 if slot_node[s] < 0 else score[slot_node[s]]
+
+    def slot_depth(s: int) -> int:
+        return 0 if slot_node[s] < 0 else dep[slot_node[s]]
+
+    prepare(root_logits[None])
+    forwards_left = depth - 1
+    unrun: set[int] = set()  # drawn nodes a later forward may still run (and extend)
+    anc = torch.zeros(0, 0, dtype=torch.bool)  # (E, E) ancestors among run rows (host)
+    while True:
+        while len(tok) < max_nodes:  # draw phase
+            best, best_s = -math.inf, -1
+            for s in range(len(slot_node)):
+                if drawn[s] < cap[s] and slot_score(s) >= floor:
+                    v = slot_score(s) + best_lq[s][drawn[s]]
+                    if best_s < 0 or v > best:
+                        best, best_s = v, s
+            if best_s < 0 or best < max((score[i] for i in unrun), default=-math.inf):
+                break
+            s, j = best_s, drawn[best_s]
+            drawn[s] += 1
+            tok.append(order[s][j])
+            par.append(slot_node[s])
+            score.append(slot_score(s) + logq[s][j])
+            dep.append(slot_depth(s) + 1)
+            pslot.append(s)
+            row.append(-1)
+            if forwards_left > 0 and dep[-1] < depth and score[-1] >= floor:
+                unrun.add(len(tok) - 1)
+        if len(tok) >= max_nodes or not unrun:
+            break
+        batch = sorted(unrun, key=lambda i: (-score[i], i))[:top_k]  # run phase
+        unrun.difference_update(batch)
+        e, k = anc.shape[0], len(batch)
+        parent_rows = [row[par[i]] if par[i] >= 0 else -1 for i in batch]
+        new = torch.zeros(k, e + k, dtype=torch.bool)
+        for b, pr in enumerate(parent_rows):
+            if pr >= 0:
+                new[b, :e] = anc[pr]
+        new[:, e:] = torch.eye(k, dtype=torch.bool)
+        anc = torch.cat([torch.cat([anc, torch.zeros(e, k, dtype=torch.bool)], 1), new], 0)
+        for b, i in enumerate(batch):
+            row[i] = e + b
+            slot_node.append(i)
+        logits = forward(torch.tensor([tok[i] for i in batch], device=dev), torch.tensor(parent_rows, device=dev),
+                         new.to(dev), torch.tensor([dep[i] for i in batch], device=dev))
+        prepare(logits)
+        forwards_left -= 1
+        if forwards_left == 0:
+            unrun.clear()
+    # depth-first, siblings in draw order (the verifier's rule reads them in that order)
+    kids: dict[int, list[int]] = {}
+    for i, pa in enumerate(par):
+        kids.setdefault(pa, []).append(i)
+    flat, stack = [], list(reversed(kids.get(-1, [])))
+    while stack:
+        i = stack.pop()
+        flat.append(i)
+        stack.extend(reversed(kids.get(i, [])))
+    index = {old: new_i for new_i, old in enumerate(flat)}
+    q = torch.cat(qs)[torch.tensor([pslot[i] for i in flat], device=dev)]
+    return DraftTree.from_lists([tok[i] for i in flat], [index[par[i]] if par[i] >= 0 else -1 for i in flat],
+                                dev, q=q, draws=WITHOUT_REPLACEMENT, extra=[row[i] for i in flat])
 
 
 def _select(toks, pars, scores, depths, run_order, total: int, device) -> DraftTree:

@@ -1,0 +1,385 @@
+"""Reference-exact EAGLE drafts: what vLLM, SGLang and SafeAILab/EAGLE compute, layer for layer.
+
+Selected by EagleConfig.layout == "reference" (draftkit's own layout, drafters.eagle.EagleDraftModel,
+stays the default for existing folders). The draft layer is Llama-style whatever the target family.
+
+EAGLE-1/2 (SafeAILab cnets1.py, vLLM llama_eagle.py, SGLang llama_eagle.py), feature f_t = the
+target's last hidden state after its final norm:
+    x   = fc([emb(x_{t+1}); f_t])                  Linear(2H -> H), no bias (SafeAILab's may have one)
+    h   = x + attn(x)                              layer 0 has NO input_layernorm
+    out = h + mlp(post_attention_layernorm(h))     no final norm
+    logits = the target's LM head(out); out is the next step's feature.
+
+EAGLE-3 (SafeAILab cnets.py, vLLM llama_eagle3.py, SGLang llama_eagle3.py, SpecForge):
+    g   = fc([h_a; h_b; h_c])                      Linear(3H -> H), no bias: three target layers, first step only
+    a   = attn([input_layernorm(emb); hidden_norm(g)])   q/k/v take 2H inputs
+    h   = g + a                                    (norm_before_residual: hidden_norm(g) + a)
+    out = h + mlp(post_attention_layernorm(h))     the PRE-norm output: fed back as g on later steps
+    logits = lm_head(norm(out)) over the draft vocabulary; draft id i is target id i + d2t[i].
+
+forward() returns `out` (what is fed back); logits(out, head) gives target-vocabulary logits, -inf
+outside the draft vocabulary (so a sampled q is zero there: acceptance stays lossless). The
+attention is transformers' LlamaAttention, so it writes into any transformers Cache (KVBuffer,
+DynamicCache) and accepts 4D additive masks and explicit position ids like the target does.
+A reduced vocabulary for EAGLE-1/2 restricts the target's LM head to the draft ids (no new weights;
+the engines, which do not support it for EAGLE-1, simply use the full head).
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict
+from typing import Sequence
+
+import torch
+from torch import nn
+from transformers import LlamaConfig
+from transformers.masking_utils import create_causal_mask
+from transformers.models.llama.modeling_llama import (LlamaAttention, LlamaDecoderLayer, LlamaMLP, LlamaRMSNorm,
+                                                      LlamaRotaryEmbedding)
+
+from drafters.eagle import (CONFIG_NAME, WEIGHTS_NAME, EagleConfig, EagleDraftModel, _target_name, _text_config,
+                            normalize_layers, target_shape)
+
+LAYOUT = "reference"
+
+
+# ----------------------------------------------------------------------------- configs
+
+
+def _rope_parameters(cfg) -> dict:
+    rope = getattr(cfg, "rope_parameters", None)
+    if isinstance(rope, dict) and rope.get("rope_theta") is not None:
+        return dict(rope)
+    theta = getattr(cfg, "rope_theta", None) or 10000.0
+    scaling = getattr(cfg, "rope_scaling", None)
+    return {**(dict(scaling) if isinstance(scaling, dict) else {"rope_type": "default"}), "rope_theta": float(theta)}
+
+
+def llama_layer_config(target_or_config) -> dict:
+    """A one-layer Llama config dict with the target's sizes, rotary settings and max positions."""
+    cfg = _text_config(target_or_config) if hasattr(target_or_config, "config") else target_or_config
+    hidden = int(cfg.hidden_size)
+    heads = int(cfg.num_attention_heads)
+    vocab = (target_or_config.get_output_embeddings().weight.shape[0] if hasattr(target_or_config, "config")
+             else int(cfg.vocab_size))
+    return {
+        "model_type": "llama", "vocab_size": int(vocab), "hidden_size": hidden,
+        "intermediate_size": int(getattr(cfg, "intermediate_size", None) or getattr(cfg, "n_inner", None)
+                                 or 4 * hidden),
+        "num_hidden_layers": 1, "num_attention_heads": heads,
+        "num_key_value_heads": int(getattr(cfg, "num_key_value_heads", None) or heads),
+        "head_dim": int(getattr(cfg, "head_dim", None) or hidden // heads),
+        "hidden_act": str(getattr(cfg, "hidden_act", "silu") if getattr(cfg, "hidden_act", None) in
+                          ("silu", "gelu", "relu", "gelu_new", "gelu_pytorch_tanh") else "silu"),
+        "max_position_embeddings": int(getattr(cfg, "max_position_embeddings", None) or getattr(cfg, "n_positions")),
+        "rms_norm_eps": float(getattr(cfg, "rms_norm_eps", None) or getattr(cfg, "layer_norm_epsilon", None) or 1e-6),
+        "rope_parameters": _rope_parameters(cfg), "attention_bias": False, "mlp_bias": False,
+        "tie_word_embeddings": False, "initializer_range": float(getattr(cfg, "initializer_range", 0.02) or 0.02),
+    }
+
+
+def llama_config(layer_config: dict) -> LlamaConfig:
+    conf = {k: v for k, v in layer_config.items() if k != "model_type"}
+    conf.update(num_hidden_layers=1, use_cache=True)
+    cfg = LlamaConfig(**conf)
+    cfg._attn_implementation = "sdpa"  # what AutoModel picks on this machine, as for draftkit's layout
+    return cfg
+
+
+def vocab_mapping(draft_ids: torch.Tensor, vocab_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(d2t, t2d) for draft ids given as target ids: d2t int64 OFFSETS (target id = i + d2t[i]) over
+    the ids sorted ascending, t2d bool [vocab_size] (True for target ids in the draft vocabulary)."""
+    ids = torch.as_tensor(draft_ids, dtype=torch.long).flatten().unique()  # sorted, no repeats
+    if ids.numel() < 1 or int(ids[0]) < 0 or int(ids[-1]) >= vocab_size:
+        raise ValueError(f"draft vocabulary ids must lie in [0, {vocab_size}) and be non-empty")
+    d2t = ids - torch.arange(ids.numel())
+    t2d = torch.zeros(vocab_size, dtype=torch.bool)
+    t2d[ids] = True
+    return d2t, t2d
+
+
+def frequent_tokens(token_stream: torch.Tensor, vocab_size: int, n: int) -> torch.Tensor:
+    """The n most frequent target ids of the training tokens (ties: lower id), sorted ascending."""
+    counts = torch.bincount(token_stream.flatten().long(), minlength=vocab_size)[:vocab_size].double()
+    counts -= torch.arange(vocab_size, dtype=torch.double) * 1e-9  # deterministic tie break
+    return counts.topk(min(n, vocab_size)).indices.sort().values
+
+
+def reference_config(target, feature_layers: Sequence[int] | None = None, draft_vocab_size: int = 0) -> EagleConfig:
+    hidden, vocab, layers = target_shape(target)
+    feats = normalize_layers(feature_layers, layers)
+    check_feature_layers(feats, layers)
+    return EagleConfig(hidden, vocab, layers, feats, _target_name(target), llama_layer_config(target),
+                       layout=LAYOUT, draft_vocab_size=int(draft_vocab_size if 0 < draft_vocab_size < vocab else 0))
+
+
+def check_feature_layers(feats: list[int], num_layers: int) -> None:
+    """EAGLE-1/2: the final-norm output (index num_layers). EAGLE-3: three residual streams entering
+    layers 1 .. L-1 (what vLLM captures as layer id k; SGLang calls it k - 1)."""
+    if len(feats) == 1:
+        if feats != [num_layers]:
+            raise ValueError(f"a reference EAGLE-1/2 draft reads the target's last hidden state (feature_layers "
+                             f"[] or [-1]), got {feats}")
+    elif len(feats) != 3 or not all(1 <= k <= num_layers - 1 for k in feats) or feats != sorted(feats):
+        raise ValueError(f"a reference EAGLE-3 draft fuses exactly three ascending target layers in "
+                         f"1..{num_layers - 1} (the residual stream entering layer k, as vLLM captures it), "
+                         f"got {feats}")
+
+
+# ----------------------------------------------------------------------------- shared pieces
+
+
+class _ReferenceDraft(nn.Module):
+    """What both reference drafts share: rotary positions, the causal mask, the vocabulary mapping, files."""
+
+    # the feature selection and target checks are draftkit's, unchanged
+    select = EagleDraftModel.select
+    join = EagleDraftModel.join
+    check_target = EagleDraftModel.check_target
+
+    def __init__(self, config: EagleConfig):
+        super().__init__()
+        self.config = config
+        self.layer_config = llama_config(config.layer_config)
+        self.rotary_emb = LlamaRotaryEmbedding(self.layer_config)
+        self._rows = None  # EAGLE-1/2 with a reduced vocabulary: cached rows of the target's LM head
+
+    @property
+    def cache_config(self) -> LlamaConfig:
+        return self.layer_config
+
+    @property
+    def draft_vocab(self) -> int:
+        return self.config.draft_vocab_size or self.config.vocab_size
+
+    @property
+    def reduced(self) -> bool:
+        return self.draft_vocab < self.config.vocab_size
+
+    def _register_vocab(self, always: bool) -> None:
+        if self.reduced or always:
+            self.register_buffer("d2t", torch.zeros(self.draft_vocab, dtype=torch.long))
+            self.register_buffer("t2d", torch.ones(self.config.vocab_size, dtype=torch.bool))
+
+    def set_vocab(self, draft_ids: torch.Tensor) -> None:
+        """Use the draft vocabulary `draft_ids` (target ids): sets d2t / t2d."""
+        d2t, t2d = vocab_mapping(draft_ids, self.config.vocab_size)
+        if d2t.numel() != self.draft_vocab:
+            raise ValueError(f"{d2t.numel()} draft ids for a draft vocabulary of {self.draft_vocab}")
+        self.d2t.copy_(d2t)
+        self.t2d.copy_(t2d)
+
+    def vocab_ids(self) -> torch.Tensor | None:
+        """Target id of each draft id, or None for the full vocabulary."""
+        if not self.reduced:
+            return None
+        return torch.arange(self.draft_vocab, device=self.d2t.device) + self.d2t
+
+    def _init_weights(self) -> None:
+        std = self.layer_config.initializer_range
+        for m in self.modules():
+            if isinstance(m, nn.Linear):
+                nn.init.normal_(m.weight, std=std)
+                if m.bias is not None:
+                    nn.init.zeros_(m.bias)
+
+    def _positions(self, x, cache, attention_mask, position_ids):
+        """(mask, rotary embeddings) exactly as transformers' LlamaModel builds them."""
+        if position_ids is None:
+            past = cache.get_seq_length() if cache is not None else 0
+            position_ids = (torch.arange(x.shape[1], device=x.device) + past)[None]
+        mask = create_causal_mask(config=self.layer_config, inputs_embeds=x, attention_mask=attention_mask,
+                                  cache=cache, position_ids=position_ids)
+        return mask, self.rotary_emb(x, position_ids=position_ids), position_ids
+
+    def logits(self, features: torch.Tensor, head: nn.Module) -> torch.Tensor:
+        """Target-vocabulary logits of the draft's outputs: -inf outside the draft vocabulary."""
+        small = self.draft_logits(features, head)
+        if not self.reduced:
+            return small
+        out = small.new_full((*small.shape[:-1], self.config.vocab_size), float("-inf"))
+        out[..., self.vocab_ids()] = small
+        return out
+
+    # --- files: draftkit's own folder (config.json with kind/layout + model.safetensors) ---------
+    def save_pretrained(self, path: str, dtype: torch.dtype = torch.float16) -> None:
+        from safetensors.torch import save_file
+
+        os.makedirs(path, exist_ok=True)
+        state = {k: (v.to(dtype) if v.is_floating_point() else v).detach().cpu().contiguous()
+                 for k, v in self.state_dict().items()}
+        save_file(state, os.path.join(path, WEIGHTS_NAME), metadata={"format": "pt", "kind": "eagle",
+                                                                       "layout": LAYOUT})
+        with open(os.path.join(path, CONFIG_NAME), "w") as fh:
+            json.dump(asdict(self.config), fh, indent=2)
+
+    def load_weights(self, state: dict, source: str) -> "_ReferenceDraft":
+        """Load a state dict in this draft's own key names (floats cast to fp32); a clear error if it does not fit."""
+        own = self.state_dict()
+        state = {k: (v.float() if v.is_floating_point() else v) for k, v in state.items()}
+        missing = sorted(set(own) - set(state))
+        unexpected = sorted(set(state) - set(own))
+        shapes = [f"{k} {tuple(state[k].shape)} != {tuple(v.shape)}" for k, v in own.items()
+                  if k in state and tuple(state[k].shape) != tuple(v.shape)]
+        if missing or unexpected or shapes:
+            raise ValueError(f"{source}: weights do not match the EAGLE draft config (missing {missing}, "
+                             f"unexpected {unexpected}, shapes {shapes})")
+        self.load_state_dict(state, strict=True)
+        if self.reduced:
+            ids = torch.arange(self.d2t.numel()) + self.d2t.cpu()
+            if ids.min() < 0 or ids.max() >= self.config.vocab_size or ids.unique().numel() != ids.numel():
+                raise ValueError(f"{source}: d2t maps draft ids outside the target vocabulary or twice")
+        return self.float()
+
+
+# ----------------------------------------------------------------------------- EAGLE-1/2
+
+
+class Eagle1Draft(_ReferenceDraft):
+    """fc([emb; f]) -> one Llama decoder layer without input_layernorm; no final norm; the target's head."""
+
+    def __init__(self, config: EagleConfig):
+        super().__init__(config)
+        h = config.hidden_size
+        self.fc = nn.Linear(2 * h, h, bias=config.fc_bias)
+        layer = LlamaDecoderLayer(self.layer_config, layer_idx=0)
+        layer.input_layernorm = nn.Identity()  # SafeAILab cnets1.py: layer 0 has no input norm
+        self.layers = nn.ModuleList([layer])
+        self._register_vocab(always=False)
+        self._init_weights()
+
+    def forward(self, features: torch.Tensor, embeds: torch.Tensor, cache=None, attention_mask=None,
+                position_ids=None, use_cache: bool = True) -> torch.Tensor:
+        x = self.fc(torch.cat([embeds.to(self.fc.weight.dtype), features.to(self.fc.weight.dtype)], -1))
+        mask, rope, position_ids = self._positions(x, cache, attention_mask, position_ids)
+        return self.layers[0](x, attention_mask=mask, position_ids=position_ids, cache=cache,
+                              use_cache=cache is not None, position_embeddings=rope)
+
+    def draft_logits(self, features: torch.Tensor, head: nn.Module) -> torch.Tensor:
+        """Logits over the draft vocabulary: the target's LM head (its draft-vocabulary rows if reduced)."""
+        features = features.to(head.weight.dtype)
+        if not self.reduced:
+            return head(features)
+        w = head.weight
+        key = (id(w), w._version, w.device, w.dtype, self.d2t.data_ptr())
+        if self._rows is None or self._rows[0] != key:
+            ids = self.vocab_ids()
+            bias = getattr(head, "bias", None)
+            self._rows = (key, w.detach()[ids], None if bias is None else bias.detach()[ids])
+        return nn.functional.linear(features, self._rows[1], self._rows[2])
+
+
+# ----------------------------------------------------------------------------- EAGLE-3
+
+
+class Eagle3Midlayer(nn.Module):
+    """The EAGLE-3 decoder layer: attention over [input_layernorm(emb); hidden_norm(g)] (2H inputs)."""
+
+    def __init__(self, cfg: LlamaConfig, norm_before_residual: bool = False):
+        super().__init__()
+        h = cfg.hidden_size
+        self.norm_before_residual = norm_before_residual
+        self.self_attn = LlamaAttention(cfg, layer_idx=0)
+        a = self.self_attn
+        a.q_proj = nn.Linear(2 * h, cfg.num_attention_heads * a.head_dim, bias=cfg.attention_bias)
+        a.k_proj = nn.Linear(2 * h, cfg.num_key_value_heads * a.head_dim, bias=cfg.attention_bias)
+        a.v_proj = nn.Linear(2 * h, cfg.num_key_value_heads * a.head_dim, bias=cfg.attention_bias)
+        self.mlp = LlamaMLP(cfg)
+        self.input_layernorm = LlamaRMSNorm(h, eps=cfg.rms_norm_eps)
+        self.hidden_norm = LlamaRMSNorm(h, eps=cfg.rms_norm_eps)
+        self.post_attention_layernorm = LlamaRMSNorm(h, eps=cfg.rms_norm_eps)
+
+    def forward(self, embeds, hidden, attention_mask, position_embeddings, cache=None, **kwargs):
+        normed = self.hidden_norm(hidden)
+        residual = normed if self.norm_before_residual else hidden
+        x = torch.cat([self.input_layernorm(embeds), normed], -1)
+        attn, _ = self.self_attn(x, position_embeddings=position_embeddings, attention_mask=attention_mask,
+                                 cache=cache, **kwargs)
+        h = residual + attn
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+
+class Eagle3Draft(_ReferenceDraft):
+    """fc(3 target layers) -> midlayer -> (fed back pre-norm) ; norm -> lm_head over the draft vocabulary."""
+
+    def __init__(self, config: EagleConfig):
+        super().__init__(config)
+        h = config.hidden_size
+        self.fc = nn.Linear(3 * h, h, bias=False)
+        self.midlayer = Eagle3Midlayer(self.layer_config, config.norm_before_residual)
+        self.norm = LlamaRMSNorm(h, eps=self.layer_config.rms_norm_eps)
+        self.lm_head = nn.Linear(h, self.draft_vocab, bias=False)
+        self._register_vocab(always=True)
+        self._init_weights()
+
+    def forward(self, features: torch.Tensor, embeds: torch.Tensor, cache=None, attention_mask=None,
+                position_ids=None, use_cache: bool = True) -> torch.Tensor:
+        """features (B, T, 3H) raw target layers (fused by fc) or (B, T, H) the draft's own pre-norm outputs."""
+        features = features.to(self.fc.weight.dtype)
+        if features.shape[-1] != self.config.hidden_size:
+            features = self.fc(features)
+        embeds = embeds.to(features.dtype)
+        mask, rope, position_ids = self._positions(embeds, cache, attention_mask, position_ids)
+        return self.midlayer(embeds, features, mask, rope, cache=cache, position_ids=position_ids,
+                             use_cache=cache is not None)
+
+    def draft_logits(self, features: torch.Tensor, head: nn.Module | None = None) -> torch.Tensor:
+        return self.lm_head(self.norm(features.to(self.lm_head.weight.dtype)))
+
+
+# ----------------------------------------------------------------------------- construction
+
+
+def draft_class(config: EagleConfig):
+    return Eagle3Draft if len(config.feature_layers) > 1 else Eagle1Draft
+
+
+def build_draft(config: EagleConfig) -> nn.Module:
+    """An (uninitialised-by-target) draft of config's layout."""
+    if config.layout == "draftkit":
+        return EagleDraftModel(config)
+    if config.layout != LAYOUT:
+        raise ValueError(f"unknown EAGLE draft layout {config.layout!r}; choose draftkit or {LAYOUT}")
+    return draft_class(config)(config)
+
+
+@torch.no_grad()
+def make_draft(target, feature_layers: Sequence[int] | None = None, layout: str = "draftkit",
+               draft_ids: torch.Tensor | None = None, init_from_target: bool = False) -> nn.Module:
+    """A fresh draft for `target`. layout "draftkit": EagleDraftModel (draft_ids must be None);
+    "reference": EAGLE-1/2 (one feature layer) or EAGLE-3 (three), with a reduced draft vocabulary
+    when draft_ids (target ids) is given. EAGLE-3's lm_head starts as the target's rows, its final
+    norm as the target's; init_from_target also copies what fits of the target's last layer."""
+    if layout == "draftkit":
+        if draft_ids is not None:
+            raise ValueError("a reduced draft vocabulary needs layout: reference")
+        return EagleDraftModel.from_target(target, feature_layers, init_from_target)
+    n = 0 if draft_ids is None else int(torch.as_tensor(draft_ids).unique().numel())
+    config = reference_config(target, feature_layers, n)
+    draft = build_draft(config)
+    if draft.reduced:
+        draft.set_vocab(draft_ids)
+    base = target.get_decoder() if hasattr(target, "get_decoder") else target.model
+    last = base.layers[-1] if hasattr(base, "layers") else None
+    if isinstance(draft, Eagle3Draft):
+        head = target.get_output_embeddings().weight
+        ids = draft.vocab_ids()
+        draft.lm_head.weight.copy_(head if ids is None else head[ids.to(head.device)])
+        norm = getattr(base, "norm", None)
+        weight = getattr(norm, "weight", None)
+        if weight is not None and weight.shape == draft.norm.weight.shape:
+            draft.norm.weight.copy_(norm.weight)
+        if init_from_target and last is not None:
+            own = draft.midlayer.state_dict()
+            fits = {k: v for k, v in last.state_dict().items() if k in own and own[k].shape == v.shape}
+            draft.midlayer.load_state_dict(fits, strict=False)
+    elif init_from_target and last is not None:
+        own = draft.layers[0].state_dict()
+        fits = {k: v for k, v in last.state_dict().items() if k in own and own[k].shape == v.shape}
+        draft.layers[0].load_state_dict(fits, strict=False)
+    return draft.float()
+
+
+__all__ = ["Eagle1Draft", "Eagle3Draft", "Eagle3Midlayer", "build_draft", "make_draft", "reference_config",
+           "llama_layer_config", "llama_config", "vocab_mapping", "frequent_tokens", "check_feature_layers"]

@@ -1,0 +1,580 @@
+"""Drafter checkpoint formats: detect a folder's layout, import it as a draftkit drafter, export to
+the folders vLLM, SGLang, vllm-project/speculators and FasterDecoding/Medusa load as they are.
+
+EAGLE (imports into drafters/eagle_reference.py's reference-exact drafts):
+    eagle3        midlayer.* + fc [H, 3H] + norm + lm_head [Vd, H] + d2t/t2d: SafeAILab EAGLE-3
+                  (config LlamaForCausalLM + draft_vocab_size), SpecForge and our vllm/sglang export
+                  (LlamaForCausalLMEagle3). Fused layers: top-level eagle_aux_hidden_state_layer_ids
+                  (vLLM: id k = the residual stream entering layer k = hidden_states[k]), else
+                  eagle_config.eagle_aux_hidden_state_layer_ids (SGLang: id j = output of layer j =
+                  hidden_states[j + 1]), else the default (2, L // 2, L - 3) all engines share.
+    speculators   speculators_model_type "eagle3": transformer_layer_config + layers.0.* weights;
+                  norm_before_residual absent means true (what vLLM assumes).
+    eagle1        fc [H, 2H] (+ fc.bias: SafeAILab's original, SGLang's zero bias) + layers.0.*
+                  without input_layernorm (+ embed_tokens.weight, ignored): SafeAILab EAGLE-1,
+                  our vllm (LlamaForCausalLM) and sglang (LlamaForCausalLMEagle) exports.
+Medusa (imports into drafters.medusa.MedusaHeads):
+    medusa-vllm      config model_type "medusa"; blocks.{k}.layers.{l}.weight/.bias, lm_heads.{k}.weight
+                     (original_lm_head: lm_heads.0 only); biases only with medusa_fc_bias, as vLLM loads.
+    medusa-original  FasterDecoding: config medusa_num_heads / medusa_num_layers; medusa_lm_head.safetensors
+                     (or .pt) with {k}.{l}.linear.weight/.bias and {k}.{L}.weight (absent: the base LM head).
+
+A checkpoint made for another target (hidden size, vocabulary, layer count) is a one-line ValueError
+naming both. Export refusals (a format that cannot hold the drafter) are ExportRefused.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from types import SimpleNamespace
+
+import torch
+
+from drafters.eagle import EagleConfig, EagleDraftModel, _target_name, target_shape
+from drafters.eagle_reference import LAYOUT, build_draft, check_feature_layers, llama_layer_config
+
+CONFIG = "config.json"
+TOKEN_MAP = "hot_token_ids.pt"  # EAGLE-1/2 draft vocabulary for SGLang's --speculative-token-map
+
+
+class ExportRefused(ValueError):
+    """The requested format cannot hold this drafter (one-line reason)."""
+
+
+# ----------------------------------------------------------------------------- files
+
+
+def read_config(path: str) -> dict:
+    p = os.path.join(path, CONFIG)
+    if not os.path.exists(p):
+        raise FileNotFoundError(f"{path} holds no {CONFIG}")
+    with open(p) as fh:
+        return json.load(fh)
+
+
+def read_weights(path: str, names: tuple[str, ...] = ("model.safetensors", "pytorch_model.bin")) -> dict:
+    """All tensors of a folder: the first of `names` present, or a sharded *.index.json."""
+    from safetensors.torch import load_file
+
+    for name in names:
+        p = os.path.join(path, name)
+        if os.path.exists(p):
+            return load_file(p) if name.endswith(".safetensors") else torch.load(p, map_location="cpu",
+                                                                               weights_only=True)
+    for index in ("model.safetensors.index.json", "pytorch_model.bin.index.json"):
+        p = os.path.join(path, index)
+        if os.path.exists(p):
+            with open(p) as fh:
+                shards = sorted(set(json.load(fh)["weight_map"].values()))
+            state = {}
+            for s in shards:
+                state.update(read_weights(path, (s,)))
+            return state
+    raise FileNotFoundError(f"{path} holds no weights ({', '.join(names)} or a sharded index)")
+
+
+def write_weights(state: dict, path: str, dtype: torch.dtype, name: str = "model.safetensors") -> None:
+    """safetensors with floats cast to `dtype`, integer / bool tensors kept."""
+    from safetensors.torch import save_file
+
+    os.makedirs(path, exist_ok=True)
+    save_file({k: (v.to(dtype) if v.is_floating_point() else v).detach().cpu().contiguous() for k, v in state.items()},
+              os.path.join(path, name), metadata={"format": "pt"})
+
+
+def write_config(cfg: dict, path: str) -> None:
+    os.makedirs(path, exist_ok=True)
+    with open(os.path.join(path, CONFIG), "w") as fh:
+        json.dump(cfg, fh, indent=2)
+
+
+def _strip(state: dict, prefix: str) -> dict:
+    return {k[len(prefix):] if k.startswith(prefix) else k: v for k, v in state.items()}
+
+
+# ----------------------------------------------------------------------------- detection
+
+
+def detect(path: str) -> str:
+    """draftkit-eagle, draftkit-eagle-reference, draftkit-medusa, eagle3, speculators, eagle1,
+    medusa-vllm, medusa-original or standalone (a plain Hugging Face causal LM)."""
+    cfg = read_config(path)
+    if cfg.get("kind") == "eagle":
+        return "draftkit-eagle" if cfg.get("layout", "draftkit") == "draftkit" else "draftkit-eagle-reference"
+    if cfg.get("model_type") == "draftkit-medusa":
+        return "draftkit-medusa"
+    if "speculators_model_type" in cfg:
+        return "speculators"
+    archs = cfg.get("architectures") or []
+    if cfg.get("model_type") == "medusa" or ("MedusaModel" in archs and "medusa_num_heads" not in cfg):
+        return "medusa-vllm"
+    if "medusa_num_heads" in cfg or any(os.path.exists(os.path.join(path, f)) for f in
+                                        ("medusa_lm_head.safetensors", "medusa_lm_head.pt")):
+        return "medusa-original"
+    if "LlamaForCausalLMEagle3" in archs or "draft_vocab_size" in cfg:
+        return "eagle3"
+    if "LlamaForCausalLMEagle" in archs:
+        return "eagle1"
+    shapes = weight_shapes(path)
+    if any(k.startswith("midlayer.") for k in shapes):
+        return "eagle3"
+    fc = shapes.get("fc.weight")
+    if fc is not None and any(k.startswith("layers.0.") for k in shapes):
+        return "eagle3" if fc[1] == 3 * fc[0] else "eagle1"
+    return "standalone"
+
+
+def weight_shapes(path: str) -> dict:
+    """{key: shape} of a folder's weights without reading them (safetensors headers, a memory-mapped .bin)."""
+    from safetensors import safe_open
+
+    files = []
+    for index in ("model.safetensors.index.json", "pytorch_model.bin.index.json"):
+        p = os.path.join(path, index)
+        if os.path.exists(p):
+            with open(p) as fh:
+                files = sorted(set(json.load(fh)["weight_map"].values()))
+    files = files or [f for f in ("model.safetensors", "pytorch_model.bin")
+                      if os.path.exists(os.path.join(path, f))][:1]
+    shapes = {}
+    for f in files:
+        p = os.path.join(path, f)
+        if f.endswith(".safetensors"):
+            with safe_open(p, framework="pt") as fh:
+                shapes.update({k: tuple(fh.get_slice(k).get_shape()) for k in fh.keys()})
+        else:
+            try:
+                state = torch.load(p, map_location="cpu", weights_only=True, mmap=True)
+            except RuntimeError:  # an old (non-zip) pickle cannot be memory-mapped
+                state = torch.load(p, map_location="cpu", weights_only=True)
+            shapes.update({k: tuple(v.shape) for k, v in state.items()})
+    return shapes
+
+
+# ----------------------------------------------------------------------------- EAGLE import
+
+
+def _made_for(cfg: dict, path: str) -> str:
+    meta = cfg.get("draftkit") or {}
+    spec = (cfg.get("speculators_config") or {}).get("verifier") or {}
+    return (meta.get("target_name") or spec.get("name_or_path") or cfg.get("base_model_name_or_path")
+            or cfg.get("_name_or_path") or f"the target of {path}")
+
+
+def _mismatch(path, made, made_shape, target) -> ValueError:
+    hidden, vocab, layers = target_shape(target)
+    name = _target_name(target) or type(target).__name__
+    return ValueError(f"EAGLE draft mismatch: {path} was made for {made} ({made_shape}) but the target {name} has "
+                      f"hidden size {hidden}, vocabulary {vocab}, {layers} layers; use a draft trained for this target")
+
+
+def _aux_layers(cfg: dict, num_layers: int) -> list[int]:
+    """Our hidden_states indices of the three fused target layers (see the module docstring)."""
+    top = cfg.get("eagle_aux_hidden_state_layer_ids")
+    sglang = (cfg.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
+    if top:  # the engines concatenate the captured states in layer order
+        return sorted(int(k) for k in top)
+    if sglang:
+        return sorted(int(j) + 1 for j in sglang)
+    return [2, num_layers // 2, num_layers - 3]
+
+
+def load_eagle_draft(path: str, target=None):
+    """An EAGLE draft from any supported folder (see the module docstring); `target` supplies what a
+    public checkpoint omits (its layer count, default fused layers) and is checked against it."""
+    path = str(path)
+    cfg = read_config(path)
+    fmt = detect(path)
+    if fmt == "draftkit-eagle":
+        draft = EagleDraftModel.from_pretrained(path)
+    elif fmt == "draftkit-eagle-reference":
+        draft = build_draft(EagleConfig(**cfg)).load_weights(read_weights(path), path)
+    elif fmt in ("eagle3", "speculators", "eagle1"):
+        draft = _import_public_eagle(path, cfg, fmt, target)
+    else:
+        raise ValueError(f"{path} is not an EAGLE draft (detected {fmt}); EAGLE loads draftkit folders, SafeAILab "
+                         "EAGLE-1/EAGLE-3, SpecForge, speculators and vLLM/SGLang EAGLE folders")
+    if target is not None:
+        draft.check_target(target)
+    return draft
+
+
+def _import_public_eagle(path: str, cfg: dict, fmt: str, target):
+    state = _strip(read_weights(path), "model.")
+    layer_src = dict(cfg.get("transformer_layer_config") or {}) if fmt == "speculators" else dict(cfg)
+    if fmt == "speculators":
+        if cfg.get("speculators_model_type") != "eagle3":
+            raise ValueError(f"{path}: speculators type {cfg.get('speculators_model_type')!r} is not supported "
+                             "(vLLM consumes only eagle3 in this format)")
+        state = {k.replace("layers.0.", "midlayer.", 1) if k.startswith("layers.0.") else k: v
+                 for k, v in state.items()}
+        fmt = "eagle3"
+    for flag in ("norm_before_fc", "fc_norm", "norm_output", "add_para_norm"):
+        if cfg.get(flag) or layer_src.get(flag):
+            raise ValueError(f"{path}: {flag} is set; only the reference EAGLE computation is supported")
+    meta = cfg.get("draftkit") or {}
+    hidden = int(layer_src["hidden_size"])
+    vocab = int(layer_src.get("vocab_size") or 0)
+    th = cfg.get("target_hidden_size") or layer_src.get("target_hidden_size")
+    made = _made_for(cfg, path)
+    if th and int(th) != hidden:
+        raise ValueError(f"{path}: a draft with hidden size {hidden} over a target of hidden size {th} is not "
+                         "supported (draftkit drafts share the target's hidden size)")
+    if target is not None:
+        t_hidden, t_vocab, t_layers = target_shape(target)
+        if hidden != t_hidden or (vocab and vocab != t_vocab):
+            raise _mismatch(path, made, f"hidden size {hidden}, vocabulary {vocab}", target)
+        if meta.get("num_target_layers") and int(meta["num_target_layers"]) != t_layers:  # our own exports say
+            raise _mismatch(path, made, f"hidden size {hidden}, vocabulary {vocab}, {meta['num_target_layers']} layers",
+                            target)
+        num_layers = t_layers
+        vocab = vocab or t_vocab
+    elif meta.get("num_target_layers"):
+        num_layers = int(meta["num_target_layers"])
+    else:
+        raise ValueError(f"{path}: pass the target (its layer count is not in this checkpoint)")
+    layer_config = llama_layer_config(SimpleNamespace(**{**layer_src, "vocab_size": vocab}))
+    layer_config["attention_bias"] = bool(layer_src.get("attention_bias", False))
+    layer_config["mlp_bias"] = bool(layer_src.get("mlp_bias", False))
+    for k in ("embed_tokens.weight", "lm_head.weight") if fmt == "eagle1" else ("embed_tokens.weight",):
+        w = state.pop(k, None)
+        if w is not None and target is not None and k == "embed_tokens.weight" \
+                and tuple(w.shape) != tuple(target.get_input_embeddings().weight.shape):
+            raise _mismatch(path, made, f"embedding {tuple(w.shape)}", target)
+    bias = state.pop("fc.bias", None)
+    has_bias = bias is not None and bool(bias.abs().max() > 0)
+    if fmt == "eagle3":
+        feats = _aux_layers(cfg, num_layers)
+        if not all(1 <= k <= num_layers - 1 for k in feats) and target is not None:
+            raise _mismatch(path, made, f"fused layers {feats} of a deeper target", target)
+        check_feature_layers(feats, num_layers)
+        if has_bias:
+            raise ValueError(f"{path}: EAGLE-3 fc has a non-zero bias, which vLLM and SGLang do not compute")
+        if "lm_head.weight" not in state:  # SGLang then takes the target's head (full vocabulary)
+            if target is None or cfg.get("draft_vocab_size") not in (None, vocab):
+                raise ValueError(f"{path}: no lm_head.weight (pass the target to use its LM head)")
+            state["lm_head.weight"] = target.get_output_embeddings().weight.detach().float().cpu()
+        draft_vocab = int(cfg.get("draft_vocab_size") or state["lm_head.weight"].shape[0])
+        if "d2t" not in state:
+            if draft_vocab < vocab:
+                raise ValueError(f"{path}: a draft vocabulary of {draft_vocab} < {vocab} needs d2t")
+            state["d2t"] = torch.zeros(draft_vocab, dtype=torch.long)
+        if "t2d" not in state:
+            t2d = torch.zeros(vocab, dtype=torch.bool)
+            t2d[torch.arange(draft_vocab) + state["d2t"].long()] = True
+            state["t2d"] = t2d
+        state["d2t"], state["t2d"] = state["d2t"].long(), state["t2d"].bool()
+        norm_before = cfg.get("norm_before_residual", True) if "speculators_model_type" in cfg \
+            else cfg.get("norm_before_residual", False)
+        config = EagleConfig(hidden, vocab, num_layers, feats, made, layer_config, layout=LAYOUT,
+                             draft_vocab_size=draft_vocab if draft_vocab < vocab else 0,
+                             norm_before_residual=bool(norm_before))
+    else:
+        if int(layer_src.get("num_hidden_layers", 1)) != 1:
+            raise ValueError(f"{path}: EAGLE-1 drafts with {layer_src.get('num_hidden_layers')} layers are not "
+                             "supported")
+        if any(k.startswith("layers.0.input_layernorm") for k in state):
+            raise ValueError(f"{path}: layer 0 has an input_layernorm, which the reference EAGLE-1 does not have")
+        if has_bias:
+            state["fc.bias"] = bias
+        hot = os.path.join(path, TOKEN_MAP)  # a draft vocabulary as SGLang's token map (our sglang export)
+        ids = torch.as_tensor(torch.load(hot, weights_only=True)).long().unique() if os.path.exists(hot) else None
+        if ids is not None and ids.numel() < vocab:
+            from drafters.eagle_reference import vocab_mapping
+
+            state["d2t"], state["t2d"] = vocab_mapping(ids, vocab)
+        reduced = ids is not None and ids.numel() < vocab
+        config = EagleConfig(hidden, vocab, num_layers, [num_layers], made, layer_config, layout=LAYOUT,
+                             fc_bias=has_bias, draft_vocab_size=int(ids.numel()) if reduced else 0)
+    return build_draft(config).load_weights(state, path)
+
+
+# ----------------------------------------------------------------------------- Medusa import
+
+
+def _medusa_counts(cfg: dict) -> tuple[int | None, int | None]:
+    """(heads, layers per head) the way vLLM's MedusaConfig reads them: any key with num+heads / num+layers."""
+    heads = layers = None
+    for k, v in cfg.items():
+        if "num" in k and "heads" in k and "attention" not in k:
+            heads = int(v)
+        elif "num" in k and "layers" in k:
+            layers = int(v)
+    return heads, layers
+
+
+def load_medusa_heads(path: str, target):
+    """MedusaHeads from vLLM's or FasterDecoding's Medusa layout, checked against `target`."""
+    from drafters.medusa import MedusaHeads
+
+    path = str(path)
+    cfg = read_config(path)
+    fmt = detect(path)
+    made = _made_for(cfg, path)
+    t_vocab, t_hidden = target.get_output_embeddings().weight.shape
+    name = _target_name(target) or type(target).__name__
+    if fmt == "medusa-vllm":
+        state = _strip(read_weights(path), "medusa_heads.")
+        num_heads, num_layers = _medusa_counts(cfg)
+        trunc = cfg.get("truncated_vocab_size")
+        if "token_map" in state or (trunc and int(trunc) < int(cfg.get("vocab_size", trunc))):
+            raise ValueError(f"{path}: truncated-vocabulary Medusa (token_map) is not supported")
+        use_bias = bool(cfg.get("medusa_fc_bias", False))  # vLLM skips bias tensors without it
+        blocks = {f"blocks.{k}.{l}.linear.{p}": state.get(f"blocks.{k}.layers.{l}.{p}")
+                  for k in range(num_heads) for l in range(num_layers) for p in ("weight", "bias")}
+        if cfg.get("original_lm_head"):
+            heads_w = [state["lm_heads.0.weight"]] * num_heads
+        else:
+            heads_w = [state.get(f"lm_heads.{k}.weight") for k in range(num_heads)]
+    elif fmt == "medusa-original":
+        names = ("medusa_lm_head.safetensors", "medusa_lm_head.pt", "model.safetensors", "pytorch_model.bin")
+        state = _strip(_strip(read_weights(path, names), "medusa_head."), "base_model.")
+        num_heads, num_layers = int(cfg["medusa_num_heads"]), int(cfg.get("medusa_num_layers", 1))
+        use_bias = True
+        blocks = {}
+        for k in range(num_heads):
+            for l in range(num_layers):
+                for p in ("weight", "bias"):  # [ResBlock] * L: one block repeated, saved once or L times
+                    blocks[f"blocks.{k}.{l}.linear.{p}"] = state.get(f"{k}.{l}.linear.{p}",
+                                                                     state.get(f"{k}.0.linear.{p}"))
+        heads_w = [state.get(f"{k}.{num_layers}.weight") for k in range(num_heads)]
+    else:
+        raise ValueError(f"{path} is not a Medusa checkpoint (detected {fmt})")
+    if num_heads is None or num_layers is None:
+        raise ValueError(f"{path}: config has no head / layer counts")
+    missing = [k for k, v in blocks.items() if v is None and (k.endswith("weight") or use_bias)]
+    if missing:
+        raise ValueError(f"{path}: Medusa weights missing: {missing[:4]}")
+    hidden = int(cfg.get("hidden_size") or (next(iter(blocks.values())).shape[1] if num_layers else t_hidden))
+    shared = all(w is None for w in heads_w)
+    if not shared and any(w is None for w in heads_w):
+        raise ValueError(f"{path}: some Medusa heads have an LM head and some do not")
+    vocab = int(cfg.get("vocab_size") or (t_vocab if shared else heads_w[0].shape[0]))
+    if (hidden, vocab) != (t_hidden, t_vocab):
+        raise ValueError(f"Medusa heads at {path} were trained for target {made} (hidden size {hidden}, vocabulary "
+                         f"{vocab}); this target {name} has hidden size {t_hidden} and vocabulary {t_vocab}")
+    if not shared and all(w is heads_w[0] for w in heads_w) and torch.equal(  # compared in the file's dtype
+            heads_w[0], target.get_output_embeddings().weight.detach().cpu().to(heads_w[0].dtype)):
+        shared = True  # vLLM's original_lm_head: a copy of the target's own head
+    heads = MedusaHeads(hidden, vocab, num_heads, num_layers, share_lm_head=shared)
+    own = {}
+    for k, v in blocks.items():
+        if v is None or (k.endswith("bias") and not use_bias):
+            v = torch.zeros(hidden)
+        own[k] = v.float()
+    if not shared:
+        own.update({f"proj.{k}.weight": w.float() for k, w in enumerate(heads_w)})
+    heads.load_state_dict(own, strict=True)
+    return heads
+
+
+# ----------------------------------------------------------------------------- export
+
+
+EAGLE_FORMATS = ("vllm", "sglang", "speculators")
+FORMATS = ("vllm", "sglang", "speculators", "medusa-original")
+
+
+def _llama_export_fields(draft, dtype: torch.dtype) -> dict:
+    lc = draft.layer_config
+    rope = dict(lc.rope_parameters or {})
+    theta = float(rope.pop("rope_theta", 10000.0))
+    scaling = None if rope.get("rope_type", "default") == "default" else rope
+    return {
+        "model_type": "llama", "hidden_size": lc.hidden_size, "intermediate_size": lc.intermediate_size,
+        "num_hidden_layers": 1, "num_attention_heads": lc.num_attention_heads,
+        "num_key_value_heads": lc.num_key_value_heads, "head_dim": lc.head_dim, "hidden_act": lc.hidden_act,
+        "rms_norm_eps": lc.rms_norm_eps, "rope_theta": theta, "rope_scaling": scaling,
+        "max_position_embeddings": lc.max_position_embeddings, "vocab_size": draft.config.vocab_size,
+        "tie_word_embeddings": False, "attention_bias": bool(lc.attention_bias), "mlp_bias": bool(lc.mlp_bias),
+        "initializer_range": lc.initializer_range, "torch_dtype": str(dtype).replace("torch.", ""),
+    }
+
+
+def _draftkit_meta(draft, fmt: str) -> dict:
+    c = draft.config
+    return {"format": fmt, "target_name": c.target_name, "num_target_layers": c.num_target_layers,
+            "feature_layers": list(c.feature_layers)}
+
+
+def export_eagle(draft, fmt: str, out: str, dtype: torch.dtype = torch.float16, target_name: str = "",
+                 speculative_tokens: int = 3, target_architectures: list[str] | None = None) -> str:
+    """Write `draft` (reference layout) as `fmt`; returns a one-line description of what was written."""
+    c = draft.config
+    if getattr(c, "layout", "draftkit") != LAYOUT:
+        raise ExportRefused("this EAGLE draft uses draftkit's own layout (fc with bias -> a full decoder layer with "
+                            "its input norm -> a final norm), which no engine computes; retrain it with "
+                            "`--layout reference` (train/eagle.py) to export it")
+    if fmt not in EAGLE_FORMATS:
+        raise ExportRefused(f"format {fmt!r} cannot hold an EAGLE draft; choose one of {', '.join(EAGLE_FORMATS)}")
+    state = dict(draft.state_dict())
+    llama = _llama_export_fields(draft, dtype)
+    meta = _draftkit_meta(draft, fmt)
+    name = target_name or c.target_name
+    if len(c.feature_layers) == 3:  # EAGLE-3
+        ids = [int(k) for k in c.feature_layers]  # hidden_states[k] = the residual stream entering layer k
+        if fmt == "sglang" and c.norm_before_residual:
+            raise ExportRefused("this EAGLE-3 draft has norm_before_residual, which SGLang does not compute; "
+                                "export it with --format vllm or speculators")
+        vocab_fields = {"vocab_size": c.vocab_size, "draft_vocab_size": draft.draft_vocab}
+        if fmt == "speculators":
+            layer = {**llama}
+            layer.pop("torch_dtype")
+            cfg = {
+                "speculators_model_type": "eagle3", "architectures": ["Eagle3Speculator"],
+                "speculators_config": {
+                    "algorithm": "eagle3",
+                    "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": int(speculative_tokens),
+                                          "verifier_accept_k": 1, "accept_tolerance": 0.0}],
+                    "default_proposal_method": "greedy",
+                    "verifier": {"name_or_path": name,
+                                 "architectures": list(target_architectures or ["LlamaForCausalLM"])},
+                },
+                "transformer_layer_config": layer, "draft_vocab_size": draft.draft_vocab,
+                "norm_before_residual": bool(c.norm_before_residual), "eagle_aux_hidden_state_layer_ids": ids,
+                "torch_dtype": llama["torch_dtype"], "draftkit": meta,
+            }
+            state = {("layers.0." + k[len("midlayer."):]) if k.startswith("midlayer.") else k: v
+                     for k, v in state.items()}
+        else:
+            cfg = {"architectures": ["LlamaForCausalLMEagle3"], **llama, **vocab_fields,
+                   # vLLM reads the top-level ids (id k = the residual stream entering layer k); SGLang reads
+                   # eagle_config's and captures the output of layer id, hence k - 1 there: the same states
+                   "eagle_aux_hidden_state_layer_ids": ids,
+                   "eagle_config": {"eagle_aux_hidden_state_layer_ids": [k - 1 for k in ids],
+                                    "use_aux_hidden_state": True},
+                   "draftkit": meta}
+            if c.norm_before_residual:
+                cfg["norm_before_residual"] = True
+        write_weights(state, out, dtype)
+        write_config(cfg, out)
+        return f"EAGLE-3 draft ({draft.draft_vocab} of {c.vocab_size} tokens, fused layers {ids}) as {fmt}"
+    # EAGLE-1/2
+    if fmt == "speculators":
+        raise ExportRefused("vLLM reads only EAGLE-3 drafts in the speculators format; use --format vllm for EAGLE-1/2")
+    state.pop("d2t", None)
+    state.pop("t2d", None)
+    note = ""
+    if draft.reduced and fmt == "sglang":  # SGLang's FR-Spec token map: the LM head restricted to these ids
+        os.makedirs(out, exist_ok=True)
+        torch.save(draft.vocab_ids().cpu(), os.path.join(out, TOKEN_MAP))
+        note = f"; its draft vocabulary ({draft.draft_vocab} ids) is {TOKEN_MAP}: pass --speculative-token-map"
+    elif draft.reduced:
+        note = f"; its reduced draft vocabulary ({draft.draft_vocab}) does not travel: vLLM uses the full LM head"
+    if fmt == "vllm":
+        if "fc.bias" in state:
+            raise ExportRefused("this EAGLE-1 draft's fc has a bias, which vLLM's EAGLE-1 does not compute; "
+                                "export it with --format sglang")
+        cfg = {"architectures": ["LlamaForCausalLM"], **llama, "draftkit": meta}
+    else:
+        state.setdefault("fc.bias", torch.zeros(c.hidden_size))  # SGLang builds fc with a bias
+        cfg = {"architectures": ["LlamaForCausalLMEagle"], **llama, "draftkit": meta}
+    write_weights(state, out, dtype)
+    write_config(cfg, out)
+    return f"EAGLE-1/2 draft as {fmt}{note}"
+
+
+def export_medusa(path: str, fmt: str, out: str, target, dtype: torch.dtype = torch.float16) -> str:
+    """A draftkit (or imported) Medusa folder as vLLM's layout or FasterDecoding's original one."""
+    from drafters.medusa import MedusaDrafter, has_adapter
+
+    if fmt == "sglang":
+        raise ExportRefused("SGLang has no Medusa algorithm; export Medusa with --format vllm or medusa-original")
+    if fmt not in ("vllm", "medusa-original"):
+        raise ExportRefused(f"format {fmt!r} cannot hold Medusa heads; choose vllm or medusa-original")
+    drafter = MedusaDrafter.from_pretrained(path, target, check_adapter=False, dtype=torch.float32)
+    heads = drafter.heads
+    n, L = heads.num_heads, heads.num_layers
+    state = heads.state_dict()
+    target_head = target.get_output_embeddings().weight.detach()
+    name = _target_name(target) or str(getattr(target, "name_or_path", ""))
+    meta = {"format": fmt, "target_name": name}
+    if fmt == "vllm":
+        w = {}
+        for k in range(n):
+            for l in range(L):
+                w[f"blocks.{k}.layers.{l}.weight"] = state[f"blocks.{k}.{l}.linear.weight"]
+                w[f"blocks.{k}.layers.{l}.bias"] = state[f"blocks.{k}.{l}.linear.bias"]
+            if not heads.share_lm_head:
+                w[f"lm_heads.{k}.weight"] = state[f"proj.{k}.weight"]
+        if heads.share_lm_head:
+            w["lm_heads.0.weight"] = target_head
+        # no key may contain both "num" and "heads" (or "layers") but the two vLLM reads
+        cfg = {"model_type": "medusa", "architectures": ["MedusaModel"], "hidden_size": heads.hidden_size,
+               "vocab_size": heads.vocab_size, "num_heads": n, "num_hidden_layers": L, "medusa_fc_bias": True,
+               "original_lm_head": bool(heads.share_lm_head), "torch_dtype": str(dtype).replace("torch.", ""),
+               "draftkit": meta}
+        write_weights(w, out, dtype)
+    else:
+        w = {}
+        for k in range(n):
+            if L > 1 and any(not torch.equal(state[f"blocks.{k}.0.linear.{p}"], state[f"blocks.{k}.{l}.linear.{p}"])
+                             for l in range(1, L) for p in ("weight", "bias")):
+                raise ExportRefused(f"head {k} has {L} different residual blocks; FasterDecoding's Medusa repeats one "
+                                    "block per head ([ResBlock] * layers), so it cannot hold them")
+            for l in range(L):
+                w[f"{k}.{l}.linear.weight"] = state[f"blocks.{k}.{l}.linear.weight"]
+                w[f"{k}.{l}.linear.bias"] = state[f"blocks.{k}.{l}.linear.bias"]
+            if not heads.share_lm_head:  # absent: the original code keeps its copy of the base LM head
+                w[f"{k}.{L}.weight"] = state[f"proj.{k}.weight"]
+        cfg = {"medusa_num_heads": n, "medusa_num_layers": L, "base_model_name_or_path": name,
+               "hidden_size": heads.hidden_size, "vocab_size": heads.vocab_size, "draftkit": meta}
+        write_weights(w, out, dtype, "medusa_lm_head.safetensors")
+        torch.save({k: (v.to(dtype) if v.is_floating_point() else v).contiguous() for k, v in w.items()},
+                   os.path.join(out, "medusa_lm_head.pt"))
+    write_config(cfg, out)
+    tree = os.path.join(path, "tree.json")
+    if os.path.exists(tree):
+        shutil.copy(tree, os.path.join(out, "tree.json"))
+    note = "; it holds a Medusa-2 LoRA adapter: serve the LoRA-merged target" if has_adapter(path) else ""
+    head = "shared" if heads.share_lm_head else "own"
+    return f"Medusa heads ({n} heads, {L} layer(s), {head} LM head) as {fmt}{note}"
+
+
+def export_standalone(path: str, fmt: str, out: str, target_path: str, dtype: torch.dtype = torch.float16) -> str:
+    """A plain Hugging Face causal LM folder, after checking it shares the target's vocabulary."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    if fmt not in ("vllm", "sglang"):
+        raise ExportRefused(f"format {fmt!r} cannot hold a standalone draft model; choose vllm or sglang")
+
+    def vocab_of(p):
+        c = AutoConfig.from_pretrained(p)
+        c = c.get_text_config() if hasattr(c, "get_text_config") else c
+        return int(c.vocab_size)
+
+    def tokenizer_of(p):
+        try:
+            return AutoTokenizer.from_pretrained(p)
+        except Exception:  # noqa: BLE001 - a folder without a tokenizer
+            return None
+
+    dv, tv = vocab_of(path), vocab_of(target_path)
+    if dv != tv:
+        raise ExportRefused(f"vocabulary mismatch: the draft {path} has {dv} tokens, the target {target_path} {tv}; "
+                            "a standalone draft must use the target's tokenizer")
+    dtok, ttok = tokenizer_of(path), tokenizer_of(target_path)
+    if dtok is not None and ttok is not None and dtok.get_vocab() != ttok.get_vocab():
+        raise ExportRefused(f"tokenizer mismatch: {path} and {target_path} map tokens to different ids")
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+    model.save_pretrained(out)
+    tokenizer = dtok if dtok is not None else ttok
+    if tokenizer is not None:
+        tokenizer.save_pretrained(out)
+    return f"standalone draft ({type(model).__name__}, vocabulary {dv}) as a plain Hugging Face folder for {fmt}"
+
+
+def kind_of(path: str) -> str:
+    """eagle, medusa or standalone."""
+    fmt = detect(path)
+    if "eagle" in fmt or fmt == "speculators":
+        return "eagle"
+    if "medusa" in fmt:
+        return "medusa"
+    return "standalone"
+
+
+__all__ = ["ExportRefused", "detect", "weight_shapes", "kind_of", "load_eagle_draft", "load_medusa_heads",
+           "export_eagle", "export_medusa", "export_standalone", "read_config", "read_weights", "write_weights",
+           "FORMATS", "TOKEN_MAP"]

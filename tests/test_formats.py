@@ -1,0 +1,717 @@
+"""Reference-exact EAGLE drafts, the public checkpoint formats (import) and train/export.py, without downloads.
+
+External checkpoints are written here by hand, from random tensors of the right shapes, with the key names and
+config fields of ../shared/serving-formats.md (checked against the engines' source), and the imported draft is
+compared with an independent re-implementation of the engines' computation (plain torch, no cache).
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+from transformers import LlamaConfig, LlamaForCausalLM
+
+import draftkit as dk
+from drafters.eagle import EagleDraftModel, EagleDrafter
+from drafters.eagle_reference import Eagle1Draft, Eagle3Draft, frequent_tokens, make_draft, vocab_mapping
+from drafters.formats import detect, load_eagle_draft
+from drafters.medusa import MedusaDrafter, MedusaHeads, build_tree_choices, default_accuracies, save_medusa
+from train.export import main as export_main
+from verify.accept import Sampling
+from verify.decode import generate as _generate
+
+torch.set_num_threads(1)
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def generate(*args, **kwargs):
+    return _generate(*args, **{"budget": "fixed", **kwargs})
+
+
+def tiny_target(layers=4, vocab=64, hidden=32, seed=0, logit_scale=4.0, name="tiny-target"):
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(vocab_size=vocab, hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=4,
+                      num_key_value_heads=2, intermediate_size=64, max_position_embeddings=512, rope_theta=10000.0,
+                      tie_word_embeddings=False)
+    model = LlamaForCausalLM(cfg).eval()
+    with torch.no_grad():
+        model.lm_head.weight.mul_(logit_scale)
+    model.config._name_or_path = name
+    return model
+
+
+@pytest.fixture(scope="module")
+def target8():
+    return tiny_target(layers=8)
+
+
+@pytest.fixture(scope="module")
+def target4():
+    return tiny_target(layers=4, seed=1)
+
+
+PROMPTS = [torch.tensor([5]), torch.tensor([3, 17, 42, 8, 8, 61, 0, 9]), torch.arange(20) % 7 + 30]
+
+
+# ----------------------------------------------------------------------------- the engines' computation, by hand
+
+
+def rms(x, w, eps=1e-6):
+    return w * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
+
+
+def rope(x, pos, theta=10000.0):
+    d = x.shape[-1]
+    inv = 1.0 / theta ** (torch.arange(0, d, 2).float() / d)
+    f = pos[:, None].float() * inv[None]
+    cos, sin = torch.cat([f, f], -1).cos(), torch.cat([f, f], -1).sin()
+    x1, x2 = x[..., : d // 2], x[..., d // 2:]
+    return x * cos + torch.cat([-x2, x1], -1) * sin
+
+
+def attention(x, w, prefix, heads=4, kv=2):
+    """Causal multi-head attention with rotary positions 0..T-1 over x (T, in)."""
+    T = x.shape[0]
+    q = (x @ w[prefix + "q_proj.weight"].T).view(T, heads, -1).transpose(0, 1)
+    k = (x @ w[prefix + "k_proj.weight"].T).view(T, kv, -1).transpose(0, 1)
+    v = (x @ w[prefix + "v_proj.weight"].T).view(T, kv, -1).transpose(0, 1)
+    pos = torch.arange(T)
+    q, k = rope(q, pos), rope(k, pos)
+    k, v = k.repeat_interleave(heads // kv, 0), v.repeat_interleave(heads // kv, 0)
+    s = q @ k.transpose(1, 2) / q.shape[-1] ** 0.5
+    s = s.masked_fill(~torch.ones(T, T, dtype=torch.bool).tril(), float("-inf"))
+    o = (s.softmax(-1) @ v).transpose(0, 1).reshape(T, -1)
+    return o @ w[prefix + "o_proj.weight"].T
+
+
+def mlp(x, w, prefix):
+    g = x @ w[prefix + "gate_proj.weight"].T
+    return (torch.nn.functional.silu(g) * (x @ w[prefix + "up_proj.weight"].T)) @ w[prefix + "down_proj.weight"].T
+
+
+def eagle3_by_hand(w, feats, emb, norm_before_residual=False):
+    """vLLM llama_eagle3.py / SGLang llama_eagle3.py / SafeAILab cnets.py: (pre-norm out, draft-vocab logits)."""
+    g = feats @ w["fc.weight"].T if feats.shape[-1] != emb.shape[-1] else feats
+    normed = rms(g, w["midlayer.hidden_norm.weight"])
+    residual = normed if norm_before_residual else g
+    x = torch.cat([rms(emb, w["midlayer.input_layernorm.weight"]), normed], -1)
+    h = residual + attention(x, w, "midlayer.self_attn.")
+    out = h + mlp(rms(h, w["midlayer.post_attention_layernorm.weight"]), w, "midlayer.mlp.")
+    return out, rms(out, w["norm.weight"]) @ w["lm_head.weight"].T
+
+
+def eagle1_by_hand(w, feats, emb):
+    """vLLM llama_eagle.py / SafeAILab cnets1.py: layer 0 without input norm, hidden + residual, no final norm."""
+    x = torch.cat([emb, feats], -1) @ w["fc.weight"].T + (w["fc.bias"] if "fc.bias" in w else 0)
+    h = x + attention(x, w, "layers.0.self_attn.")
+    return h + mlp(rms(h, w["layers.0.post_attention_layernorm.weight"]), w, "layers.0.mlp.")
+
+
+# ----------------------------------------------------------------------------- external checkpoints, by hand
+
+
+def llama_fields(target):
+    c = target.config
+    return {"model_type": "llama", "hidden_size": c.hidden_size, "intermediate_size": c.intermediate_size,
+            "num_hidden_layers": 1, "num_attention_heads": c.num_attention_heads,
+            "num_key_value_heads": c.num_key_value_heads, "head_dim": c.hidden_size // c.num_attention_heads,
+            "hidden_act": "silu", "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "rope_scaling": None,
+            "max_position_embeddings": c.max_position_embeddings, "vocab_size": c.vocab_size,
+            "tie_word_embeddings": False, "attention_bias": False, "mlp_bias": False}
+
+
+def _rand(*shape, seed):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(*shape, generator=g) * 0.15
+
+
+def _norm(h, seed):
+    return 1.0 + _rand(h, seed=seed)
+
+
+def layer_tensors(target, prefix, q_in, seed, input_norm=False, hidden_norm=False):
+    c = target.config
+    H, I, hd = c.hidden_size, c.intermediate_size, c.hidden_size // c.num_attention_heads
+    w = {f"{prefix}self_attn.q_proj.weight": _rand(c.num_attention_heads * hd, q_in, seed=seed),
+         f"{prefix}self_attn.k_proj.weight": _rand(c.num_key_value_heads * hd, q_in, seed=seed + 1),
+         f"{prefix}self_attn.v_proj.weight": _rand(c.num_key_value_heads * hd, q_in, seed=seed + 2),
+         f"{prefix}self_attn.o_proj.weight": _rand(H, c.num_attention_heads * hd, seed=seed + 3),
+         f"{prefix}mlp.gate_proj.weight": _rand(I, H, seed=seed + 4),
+         f"{prefix}mlp.up_proj.weight": _rand(I, H, seed=seed + 5),
+         f"{prefix}mlp.down_proj.weight": _rand(H, I, seed=seed + 6),
+         f"{prefix}post_attention_layernorm.weight": _norm(H, seed + 7)}
+    if input_norm:
+        w[f"{prefix}input_layernorm.weight"] = _norm(H, seed + 8)
+    if hidden_norm:
+        w[f"{prefix}hidden_norm.weight"] = _norm(H, seed + 9)
+    return w
+
+
+def eagle3_tensors(target, draft_ids, seed=0, prefix="midlayer."):
+    H, V = target.config.hidden_size, target.config.vocab_size
+    d2t, t2d = vocab_mapping(draft_ids, V)
+    w = {"fc.weight": _rand(H, 3 * H, seed=seed), **layer_tensors(target, prefix, 2 * H, seed + 10, True, True),
+         "norm.weight": _norm(H, seed + 30), "lm_head.weight": _rand(d2t.numel(), H, seed=seed + 31) * 10,
+         "d2t": d2t, "t2d": t2d}
+    return w
+
+
+def eagle1_tensors(target, seed=0, bias=False):
+    H = target.config.hidden_size
+    w = {"fc.weight": _rand(H, 2 * H, seed=seed), **layer_tensors(target, "layers.0.", H, seed + 10)}
+    if bias:
+        w["fc.bias"] = _rand(H, seed=seed + 40)
+    return w
+
+
+def write_folder(path, cfg, tensors, name="model.safetensors"):
+    os.makedirs(path, exist_ok=True)
+    with open(os.path.join(path, "config.json"), "w") as fh:
+        json.dump(cfg, fh)
+    if name.endswith(".safetensors"):
+        save_file({k: v.contiguous() for k, v in tensors.items()}, os.path.join(path, name))
+    else:
+        torch.save(tensors, os.path.join(path, name))
+    return str(path)
+
+
+def public_eagle3(tmp_path, target, kind, draft_ids):
+    """(folder, hidden-state indices the draft must read, norm_before_residual, its tensors in midlayer names)."""
+    L = target.config.num_hidden_layers
+    w = eagle3_tensors(target, draft_ids)
+    base = llama_fields(target)
+    if kind == "safeailab":  # yuhuili/EAGLE3-LLaMA3.1-Instruct-8B: LlamaForCausalLM + draft_vocab_size, defaults
+        cfg = {**base, "architectures": ["LlamaForCausalLM"], "draft_vocab_size": len(draft_ids)}
+        return write_folder(tmp_path / kind, cfg, w), [2, L // 2, L - 3], False, w
+    if kind == "specforge":  # SGLang ids: the output of layer j = hidden_states[j + 1]
+        cfg = {**base, "architectures": ["LlamaForCausalLMEagle3"], "draft_vocab_size": len(draft_ids),
+               "eagle_config": {"eagle_aux_hidden_state_layer_ids": [0, 3, 6], "use_aux_hidden_state": True}}
+        return write_folder(tmp_path / kind, cfg, w), [1, 4, 7], False, w
+    # speculators: layers.0.* keys, top-level vLLM ids; norm_before_residual absent means true in vLLM
+    spec = {k.replace("midlayer.", "layers.0."): v for k, v in w.items()}
+    cfg = {"speculators_model_type": "eagle3", "architectures": ["Eagle3Speculator"],
+           "speculators_config": {"algorithm": "eagle3", "default_proposal_method": "greedy",
+                                  "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": 3}],
+                                  "verifier": {"name_or_path": "tiny-target", "architectures": ["LlamaForCausalLM"]}},
+           "transformer_layer_config": base, "draft_vocab_size": len(draft_ids),
+           "eagle_aux_hidden_state_layer_ids": [1, 3, 6]}
+    if kind == "speculators":
+        cfg["norm_before_residual"] = False
+    return write_folder(tmp_path / kind, cfg, spec), [1, 3, 6], kind != "speculators", w
+
+
+DRAFT_IDS = torch.arange(0, 64, 2)  # the even ids: a reduced draft vocabulary of 32
+
+
+@pytest.mark.parametrize("kind", ["safeailab", "specforge", "speculators", "speculators-nbr-absent"])
+def test_public_eagle3_imports_and_computes_the_reference(tmp_path, target8, kind):
+    path, layers, nbr, w = public_eagle3(tmp_path, target8, kind, DRAFT_IDS)
+    assert detect(path) == ("speculators" if kind.startswith("speculators") else "eagle3")
+    drafter = dk.make_drafter("eagle", target8, path, max_depth=4, max_nodes=8, top_k=3)
+    draft = drafter.draft
+    assert isinstance(draft, Eagle3Draft) and draft.config.feature_layers == layers
+    assert draft.config.norm_before_residual == nbr and draft.draft_vocab == 32
+    ids = torch.tensor([[3, 17, 42, 8, 8, 61, 0, 9, 12]])
+    with torch.no_grad():
+        hs = target8(input_ids=ids, output_hidden_states=True).hidden_states
+        feats = torch.cat([hs[k][0] for k in layers], -1)[:-1]
+        emb = target8.get_input_embeddings()(ids[0, 1:])
+        out = draft(feats[None], emb[None])[0]
+        ref_out, ref_small = eagle3_by_hand(w, feats, emb, nbr)
+        torch.testing.assert_close(out, ref_out, atol=1e-4, rtol=1e-4)
+        logits = draft.logits(out, target8.lm_head)
+        torch.testing.assert_close(logits[:, DRAFT_IDS], ref_small, atol=1e-4, rtol=1e-4)
+        assert torch.isinf(logits[:, 1::2]).all()
+        # a later step: the draft's own PRE-norm output goes back in as the feature (no fc)
+        out2 = draft(out[None], emb[None])[0]
+        torch.testing.assert_close(out2, eagle3_by_hand(w, out, emb, nbr)[0], atol=1e-4, rtol=1e-4)
+    for prompt in PROMPTS:
+        ref = generate(target8, prompt, max_new_tokens=12, eos_token_id=[])
+        assert generate(target8, prompt, drafter=drafter, max_new_tokens=12, eos_token_id=[]).tokens.equal(ref.tokens)
+
+
+@pytest.mark.parametrize("kind", ["safeailab-bin", "vllm", "sglang"])
+def test_public_eagle1_imports_and_computes_the_reference(tmp_path, target4, kind):
+    bias = kind != "vllm"
+    w = eagle1_tensors(target4, bias=bias)
+    base = llama_fields(target4)
+    if kind == "safeailab-bin":  # original EAGLE-1: pytorch_model.bin, fc.bias, the target's embeddings inside
+        w_file = {**w, "embed_tokens.weight": target4.get_input_embeddings().weight.detach().clone()}
+        path = write_folder(tmp_path / kind, {**base, "architectures": ["LlamaForCausalLM"]}, w_file,
+                            "pytorch_model.bin")
+    elif kind == "vllm":
+        path = write_folder(tmp_path / kind, {**base, "architectures": ["LlamaForCausalLM"]}, w)
+    else:  # SGLang's layout: LlamaForCausalLMEagle, fc built with a bias
+        path = write_folder(tmp_path / kind, {**base, "architectures": ["LlamaForCausalLMEagle"]}, w)
+    drafter = EagleDrafter.from_pretrained(path, target4, max_depth=4, top_k=2, max_nodes=8)
+    draft = drafter.draft
+    assert isinstance(draft, Eagle1Draft) and draft.config.feature_layers == [4] and draft.config.fc_bias == bias
+    assert not any("input_layernorm" in k or k.startswith("norm") or "lm_head" in k for k in draft.state_dict())
+    ids = torch.tensor([[3, 17, 42, 8, 8, 61, 0, 9, 12]])
+    with torch.no_grad():
+        feats = target4(input_ids=ids, output_hidden_states=True).hidden_states[-1][0, :-1]  # after the final norm
+        emb = target4.get_input_embeddings()(ids[0, 1:])
+        torch.testing.assert_close(draft(feats[None], emb[None])[0], eagle1_by_hand(w, feats, emb),
+                                   atol=1e-4, rtol=1e-4)
+    for prompt in PROMPTS:
+        ref = generate(target4, prompt, max_new_tokens=12, eos_token_id=[])
+        assert generate(target4, prompt, drafter=drafter, max_new_tokens=12, eos_token_id=[]).tokens.equal(ref.tokens)
+
+
+def test_public_checkpoint_for_another_target_is_a_clear_error(tmp_path, target8):
+    path, *_ = public_eagle3(tmp_path, target8, "specforge", DRAFT_IDS)
+    for other, what in ((tiny_target(layers=8, hidden=48, name="other-B"), "hidden size 48"),
+                        (tiny_target(layers=8, vocab=80, name="other-B"), "vocabulary 80"),
+                        (tiny_target(layers=4, name="other-B"), "4 layers")):
+        with pytest.raises(ValueError) as err:
+            EagleDrafter.from_pretrained(path, other)
+        msg = str(err.value)
+        assert "\n" not in msg and "other-B" in msg and what in msg and "specforge" in msg, msg
+
+
+# ----------------------------------------------------------------------------- export, then import again
+
+
+class Recorder(EagleDrafter):
+    def propose(self, state):
+        tree = super().propose(state)
+        self.trees = getattr(self, "trees", [])
+        self.trees.append((tree.tokens.tolist(), [int(p) for p in tree.parents.tolist()]))
+        return tree
+
+
+def _run(drafter, target, sampling=None):
+    drafter.trees = []
+    outs = [generate(target, p, drafter=drafter, max_new_tokens=16, eos_token_id=[], sampling=sampling, seed=3).tokens
+            for p in PROMPTS[1:]]
+    return [o.tolist() for o in outs], drafter.trees
+
+
+@pytest.mark.parametrize("case", ["eagle3-vllm", "eagle3-sglang", "eagle3-speculators", "eagle1-vllm", "eagle1-sglang",
+                                  "eagle2-reduced-sglang"])
+def test_export_reimport_same_output_and_trees(tmp_path, target8, case):
+    kind, fmt = case.rsplit("-", 1)
+    torch.manual_seed(0)
+    layers = [2, 4, 6] if kind == "eagle3" else None
+    ids = DRAFT_IDS if kind in ("eagle3", "eagle2-reduced") else None
+    draft = make_draft(target8, layers, "reference", ids)
+    with torch.no_grad():  # a peaked draft, so that the trees are deep and the runs compare many tokens
+        for p in draft.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    src = tmp_path / "draft"
+    draft.save_pretrained(str(src))
+    assert detect(str(src)) == "draftkit-eagle-reference"
+    out = tmp_path / fmt
+    assert export_main([str(src), "--format", fmt, "--out", str(out)]) == 0
+    flags = dict(max_depth=4, max_nodes=10, top_k=3)
+    before = _run(Recorder(target8, load_eagle_draft(str(src), target8), **flags), target8)
+    after = _run(Recorder.from_pretrained(str(out), target8, **flags), target8)
+    assert before == after
+    assert sum(len(t) for t, _ in before[1]) > 10
+    plain = [generate(target8, p, max_new_tokens=16, eos_token_id=[]).tokens.tolist() for p in PROMPTS[1:]]
+    assert before[0] == plain
+    files = load_file(str(out / "model.safetensors"))
+    cfg = json.loads((out / "config.json").read_text())
+    check_export_layout(kind, fmt, files, cfg, target8)
+    with pytest.raises(ValueError, match="8 layers.*other-B has .*7 layers"):  # recorded in the export
+        EagleDrafter.from_pretrained(str(out), tiny_target(layers=7, name="other-B"))
+
+
+def check_export_layout(kind, fmt, files, cfg, target):
+    """The exported keys and config fields are exactly what ../shared/serving-formats.md lists."""
+    H, V = target.config.hidden_size, target.config.vocab_size
+    keys = set(files)
+    assert "bias" not in cfg and not any(k.startswith("embed_tokens") for k in keys)
+    if kind == "eagle3":
+        layer = "layers.0." if fmt == "speculators" else "midlayer."
+        want = {"fc.weight", "norm.weight", "lm_head.weight", "d2t", "t2d"} | {
+            layer + k for k in ("self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight",
+                                "self_attn.o_proj.weight", "mlp.gate_proj.weight", "mlp.up_proj.weight",
+                                "mlp.down_proj.weight", "input_layernorm.weight", "hidden_norm.weight",
+                                "post_attention_layernorm.weight")}
+        assert keys == want
+        assert tuple(files["fc.weight"].shape) == (H, 3 * H) and tuple(files["lm_head.weight"].shape) == (32, H)
+        assert files["d2t"].dtype == torch.int64 and files["t2d"].dtype == torch.bool
+        assert (torch.arange(32) + files["d2t"]).tolist() == DRAFT_IDS.tolist() and int(files["t2d"].sum()) == 32
+        assert tuple(files[layer + "self_attn.q_proj.weight"].shape)[1] == 2 * H
+        if fmt == "speculators":
+            assert cfg["speculators_model_type"] == "eagle3" and cfg["architectures"] == ["Eagle3Speculator"]
+            assert cfg["norm_before_residual"] is False and cfg["eagle_aux_hidden_state_layer_ids"] == [2, 4, 6]
+            assert cfg["draft_vocab_size"] == 32 and cfg["transformer_layer_config"]["vocab_size"] == V
+            sc = cfg["speculators_config"]
+            assert sc["algorithm"] == "eagle3" and sc["proposal_methods"][0]["proposal_type"] == "greedy"
+            assert sc["verifier"]["name_or_path"] == "tiny-target" and sc["default_proposal_method"] == "greedy"
+        else:
+            assert cfg["architectures"] == ["LlamaForCausalLMEagle3"] and cfg["model_type"] == "llama"
+            assert cfg["num_hidden_layers"] == 1 and cfg["vocab_size"] == V and cfg["draft_vocab_size"] == 32
+            assert cfg["tie_word_embeddings"] is False and cfg["attention_bias"] is False and cfg["mlp_bias"] is False
+            assert cfg["eagle_aux_hidden_state_layer_ids"] == [2, 4, 6]
+            assert cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [1, 3, 5]
+            assert cfg["max_position_embeddings"] == target.config.max_position_embeddings
+            assert not any(cfg.get(k) for k in ("norm_before_residual", "norm_before_fc", "fc_norm", "norm_output"))
+        return
+    want = {"fc.weight"} | {"layers.0." + k for k in (
+        "self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight", "self_attn.o_proj.weight",
+        "mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight", "post_attention_layernorm.weight")}
+    if fmt == "vllm":
+        assert keys == want and cfg["architectures"] == ["LlamaForCausalLM"]
+    else:
+        assert keys == want | {"fc.bias"} and not files["fc.bias"].any()
+        assert cfg["architectures"] == ["LlamaForCausalLMEagle"]
+    assert tuple(files["fc.weight"].shape) == (H, 2 * H) and cfg["num_hidden_layers"] == 1
+
+
+def test_reference_draft_cache_matches_recomputation(target8):
+    """The incremental draft (KV cache, tree masks, catch-up) equals running the draft from scratch."""
+    from verify.tree import path_slots
+
+    torch.manual_seed(0)
+    draft = make_draft(target8, [2, 4, 6], "reference", DRAFT_IDS)
+
+    class Log(EagleDrafter):
+        def propose(self, state):
+            tree = super().propose(state)
+            if len(tree):
+                self.log.append((state.tokens.clone(), self.bank.clone(), tree))
+            return tree
+
+    drafter = Log(target8, draft, max_depth=3, top_k=3, max_nodes=8)
+    drafter.log = []
+    generate(target8, PROMPTS[1], drafter=drafter, max_new_tokens=12, eos_token_id=[])
+    embed = target8.get_input_embeddings()
+    checked = 0
+    with torch.no_grad():
+        for tokens, bank, tree in drafter.log[:4]:
+            hs = target8(input_ids=tokens[None, :-1], output_hidden_states=True).hidden_states
+            fused = draft.fc(draft.select(hs)[0])
+            for node in range(len(tree)):
+                if tree.extra[node] < 0:
+                    continue
+                feats, toks = fused, tokens[1:]
+                out = draft(feats[None], embed(toks)[None])[0, -1]
+                torch.testing.assert_close(bank[0], out, atol=1e-4, rtol=1e-4)
+                for tok in tree.tokens[path_slots(tree, node)].tolist():
+                    feats, toks = torch.cat([feats, out[None]]), torch.cat([toks, torch.tensor([tok])])
+                    out = draft(feats[None], embed(toks)[None])[0, -1]
+                torch.testing.assert_close(bank[tree.extra[node] + 1], out, atol=1e-4, rtol=1e-4)
+                checked += 1
+    assert checked > 3
+
+
+# ----------------------------------------------------------------------------- the reduced draft vocabulary
+
+
+def test_d2t_offsets_map_every_draft_id():
+    ids = torch.tensor([40, 3, 7, 0, 63, 12, 3])
+    d2t, t2d = vocab_mapping(ids, 64)
+    uniq = sorted(set(ids.tolist()))
+    assert d2t.dtype == torch.int64 and t2d.dtype == torch.bool and d2t.numel() == len(uniq)
+    assert [i + int(d2t[i]) for i in range(d2t.numel())] == uniq
+    assert t2d.nonzero().flatten().tolist() == uniq
+    stream = torch.tensor([5, 5, 5, 9, 9, 1, 2, 2, 2, 2])
+    assert frequent_tokens(stream, 16, 3).tolist() == [2, 5, 9]
+    # the drafter's target-vocabulary logits put draft id i at target id i + d2t[i]
+    target = tiny_target(layers=4)
+    draft = make_draft(target, [1, 2, 3], "reference", ids)
+    f = torch.randn(5, 32)
+    small = draft.draft_logits(f)
+    full = draft.logits(f, target.lm_head)
+    for i in range(d2t.numel()):
+        torch.testing.assert_close(full[:, i + int(d2t[i])], small[:, i])
+    assert torch.isinf(full[:, ~t2d]).all() and torch.isfinite(full[:, t2d]).all()
+    # EAGLE-2 reduced: the target's head restricted to the draft rows
+    d1 = make_draft(target, None, "reference", ids)
+    torch.testing.assert_close(d1.logits(f, target.lm_head)[:, t2d], target.lm_head(f)[:, t2d])
+
+
+def _exact_joint(target, prompt):
+    v = target.config.vocab_size
+    with torch.no_grad():
+        p1 = target(prompt[None]).logits[0, -1].softmax(-1)
+        ctx2 = torch.cat([prompt.repeat(v, 1), torch.arange(v)[:, None]], 1)
+        p2 = target(ctx2).logits[:, -1].softmax(-1)
+        ctx3 = torch.cat([prompt.repeat(v * v, 1), torch.arange(v).repeat_interleave(v)[:, None],
+                          torch.arange(v).repeat(v)[:, None]], 1)
+        p3 = target(ctx3).logits[:, -1].softmax(-1).view(v, v, v)
+    return (p1[:, None, None] * p2[:, :, None] * p3).sum(0)
+
+
+@pytest.mark.parametrize("chain", [True, False])
+def test_reduced_vocabulary_sampling_is_lossless(chain):
+    """q lives on the draft vocabulary (zero elsewhere); the target's own tokens outside it must still come out
+    at their exact rate. As tests/test_eagle.py: the empirical joint of the 2nd and 3rd generated tokens."""
+    target = tiny_target(layers=4, vocab=16, seed=2, logit_scale=40.0)
+    prompt = torch.tensor([3, 7, 1, 12, 5])
+    exact = _exact_joint(target, prompt)
+    torch.manual_seed(0)
+    vocab = torch.tensor([1, 2, 4, 5, 8, 9, 10, 14])  # leaves out 7, the target's favourite 3rd token, and 6
+    draft = make_draft(target, [1, 2, 3], "reference", vocab)
+    with torch.no_grad():
+        draft.lm_head.weight.mul_(0.1)  # a flat q over the draft vocabulary, so that drafts get accepted
+    drafter = EagleDrafter(target, draft, max_depth=3, top_k=1 if chain else 3, max_nodes=6, seed=0)
+    n = 1500
+    counts = torch.zeros(16, 16)
+    drafted = 0
+    for s in range(n):
+        out = generate(target, prompt, drafter=drafter, max_new_tokens=4, sampling=Sampling(temperature=1.0),
+                       eos_token_id=[], seed=s)
+        counts[out.tokens[1], out.tokens[2]] += 1
+        drafted += sum(st.accepted for st in out.stats.decode_steps)
+    tv = 0.5 * (counts / n - exact).abs().sum().item()
+    outside = exact.sum(0)[[0, 3, 6, 7, 11, 12, 13, 15]].sum().item()
+    assert outside > 0.3 and drafted > n // 4  # tokens outside the draft vocabulary matter; drafts get accepted
+    assert tv < 0.07, tv  # measured 0.03 here
+
+
+# ----------------------------------------------------------------------------- training
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    import inspect
+    import textwrap
+
+    from train.data import train_tokenizer
+
+    root = tmp_path_factory.mktemp("formats_train")
+    text = inspect.getsource(json) + inspect.getsource(textwrap)
+    (root / "corpus.txt").write_text(text[:12000])
+    tok = train_tokenizer(text[:12000].splitlines(), vocab_size=300)
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=32, num_hidden_layers=4, num_attention_heads=4,
+                      num_key_value_heads=2, intermediate_size=64, max_position_embeddings=256,
+                      eos_token_id=tok.eos_token_id)
+    model = LlamaForCausalLM(cfg)
+    with torch.no_grad():
+        model.lm_head.weight.mul_(20)
+    model.save_pretrained(str(root / "target"))
+    tok.save_pretrained(str(root / "target"))
+    return root
+
+
+def test_train_reference_eagle3_lowers_loss_and_exports(tiny_run, tmp_path):
+    from train import eagle as train_eagle
+
+    out = tmp_path / "run"
+    report = train_eagle.main([
+        "--target", str(tiny_run / "target"), "--corpus", str(tiny_run / "corpus.txt"), "--cache_dir",
+        str(tiny_run / "cache"), "--seq_len", "32", "--batch_size", "8", "--max_steps", "24", "--warmup_steps", "2",
+        "--lr", "3e-3", "--eval_every", "1000", "--eval_blocks", "4", "--eval_tau_prompts", "1", "--eval_new_tokens",
+        "8", "--output_dir", str(out), "--wandb", "false", "--layout", "reference", "--feature_layers", "[1, 2, 3]",
+        "--ttt_steps", "2", "--feature_loss_weight", "0", "--token_loss_weight", "1.0", "--draft_vocab_size", "64"])
+    hist = report["history"]
+    first = sum(h["token_loss_0"] for h in hist[:3]) / 3
+    last = sum(h["token_loss_0"] for h in hist[-3:]) / 3
+    assert last < first - 0.1, (first, last)
+    assert report["layout"] == "reference" and report["draft_vocab_size"] == 64 and report["tau"] >= 1.0
+    final = out / "final"
+    assert detect(str(final)) == "draftkit-eagle-reference"
+    target = LlamaForCausalLM.from_pretrained(str(tiny_run / "target"))
+    drafter = EagleDrafter.from_pretrained(str(final), target)
+    assert isinstance(drafter.draft, Eagle3Draft) and drafter.draft.draft_vocab == 64
+    assert export_main([str(final), "--format", "vllm", "--out", str(tmp_path / "exp")]) == 0
+
+
+def test_reference_training_time_test_matches_chain_decoding(target8):
+    """Unrolled step i of the reference EAGLE-3 loss is what decoding computes for the depth-i chain node:
+    same cache, masks and positions, the draft's own pre-norm output fed back, the reduced vocabulary."""
+    from types import SimpleNamespace
+
+    from transformers import DynamicCache
+
+    from train.eagle import EagleLoss
+
+    torch.manual_seed(0)
+    draft = make_draft(target8, [2, 4, 6], "reference", DRAFT_IDS)
+    cfg = SimpleNamespace(ttt_steps=3, ttt_decay=0.8, feature_loss_weight=0.0, token_loss_weight=1.0, feature_noise=0.0)
+    loss_fn = EagleLoss(draft, target8, cfg)
+    ids = torch.randint(0, 64, (2, 10))
+    with torch.no_grad():
+        hs = target8(input_ids=ids, output_hidden_states=True).hidden_states
+    preds, forward = [], draft.forward
+    draft.forward = lambda *a, **k: preds.append(forward(*a, **k)) or preds[-1]
+    try:
+        res = loss_fn(ids, draft.select(hs), hs[-1], noise=False)
+    finally:
+        del draft.forward
+    assert len(preds) == 3 and torch.isfinite(res["loss"]) and {"acc_2", "token_loss_2"} <= set(res)
+    embed = target8.get_input_embeddings()
+    feats = draft.select(hs)
+    with torch.no_grad():
+        for b in range(2):
+            for t in range(9):
+                cache = DynamicCache(config=draft.cache_config)
+                f = draft(feats[b:b + 1, :t + 1], embed(ids[b:b + 1, 1:t + 2]), cache=cache)[:, -1:]
+                torch.testing.assert_close(f[0, 0], preds[0][b, t].detach(), atol=1e-5, rtol=1e-5)
+                for i in (1, 2):
+                    if t + 1 + i >= 10:
+                        break
+                    f = draft(f, embed(ids[b:b + 1, t + 1 + i:t + 2 + i]), cache=cache)[:, -1:]
+                    torch.testing.assert_close(f[0, 0], preds[i][b, t].detach(), atol=1e-5, rtol=1e-5)
+
+
+# ----------------------------------------------------------------------------- refusals
+
+
+def test_export_refusals_are_one_line(tmp_path, target8, capsys):
+    torch.manual_seed(0)
+    EagleDraftModel.from_target(target8).save_pretrained(str(tmp_path / "dk"))
+    make_draft(target8, None, "reference").save_pretrained(str(tmp_path / "e1"))
+    med = tmp_path / "med"
+    heads = MedusaHeads(32, 64, num_heads=2, num_layers=1)
+    save_medusa(str(med), heads, [(0,), (0, 0)], target8)
+    cases = [([str(tmp_path / "dk"), "--format", "vllm"], "draftkit's own layout"),
+             ([str(tmp_path / "dk"), "--format", "sglang"], "--layout reference"),
+             ([str(tmp_path / "e1"), "--format", "speculators"], "only EAGLE-3"),
+             ([str(tmp_path / "e1"), "--format", "medusa-original"], "cannot hold an EAGLE draft"),
+             ([str(med), "--format", "sglang"], "SGLang has no Medusa"),
+             ([str(med), "--format", "speculators"], "cannot hold Medusa")]
+    for i, (argv, why) in enumerate(cases):
+        assert export_main(argv + ["--out", str(tmp_path / f"out{i}")]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and err.startswith("export: error: ") and why in err, err
+        assert not (tmp_path / f"out{i}").exists()
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "x").write_text("x")
+    assert export_main([str(tmp_path / "e1"), "--format", "vllm", "--out", str(tmp_path / "full")]) == 2
+    assert "not empty" in capsys.readouterr().err
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "train", "export.py"), str(tmp_path / "dk"), "--format",
+                           "vllm", "--out", str(tmp_path / "o")], capture_output=True, text=True, cwd=ROOT)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "retrain" in proc.stderr, proc.stderr
+    helped = subprocess.run([sys.executable, os.path.join(ROOT, "train", "export.py"), "--help"], capture_output=True,
+                            text=True, cwd=ROOT)
+    for flag in ("--format", "--out", "--target", "--dtype", "--speculative-tokens", "--force", "default"):
+        assert flag in helped.stdout
+
+
+# ----------------------------------------------------------------------------- Medusa
+
+
+def medusa_reference_logits(blocks, lm_heads, h):
+    out = []
+    for k, layers in enumerate(blocks):
+        x = h
+        for w, b in layers:
+            x = x + torch.nn.functional.silu(x @ w.T + b)
+        out.append(x @ lm_heads[k].T)
+    return torch.stack(out)
+
+
+@pytest.mark.parametrize("kind", ["vllm", "vllm-original-lm-head", "original-v1", "original-v2", "original-pt"])
+def test_public_medusa_imports(tmp_path, target4, kind):
+    n, L, H, V = 3, 1, 32, 64
+    blocks = [[(_rand(H, H, seed=10 * k + l), _rand(H, seed=10 * k + l + 5)) for l in range(L)] for k in range(n)]
+    own = [_rand(V, H, seed=100 + k) * 10 for k in range(n)]
+    base = target4.lm_head.weight.detach()
+    if kind.startswith("vllm"):
+        w = {f"blocks.{k}.layers.{l}.{p}": t for k in range(n) for l in range(L)
+             for p, t in zip(("weight", "bias"), blocks[k][l])}
+        cfg = {"model_type": "medusa", "architectures": ["MedusaModel"], "hidden_size": H, "vocab_size": V,
+               "num_heads": n, "num_hidden_layers": L, "medusa_fc_bias": True}
+        if kind == "vllm":
+            w.update({f"lm_heads.{k}.weight": own[k] for k in range(n)})
+            heads_used = own
+        else:
+            cfg["original_lm_head"] = True
+            w["lm_heads.0.weight"] = base.clone()
+            heads_used = [base] * n
+        path = write_folder(tmp_path / kind, cfg, w)
+    else:
+        w = {f"{k}.{l}.linear.{p}": t for k in range(n) for l in range(L)
+             for p, t in zip(("weight", "bias"), blocks[k][l])}
+        if kind != "original-v2":
+            w.update({f"{k}.{L}.weight": own[k] for k in range(n)})
+        heads_used = [base] * n if kind == "original-v2" else own
+        cfg = {"medusa_num_heads": n, "medusa_num_layers": L, "base_model_name_or_path": "tiny-target"}
+        name = "medusa_lm_head.pt" if kind == "original-pt" else "medusa_lm_head.safetensors"
+        path = write_folder(tmp_path / kind, cfg, w, name)
+    drafter = dk.make_drafter("medusa", target4, path, max_nodes=8)
+    h = torch.randn(2, H)
+    with torch.no_grad():
+        torch.testing.assert_close(drafter.heads(h), medusa_reference_logits(blocks, heads_used, h),
+                                   atol=1e-4, rtol=1e-4)
+    assert drafter.heads.share_lm_head == (kind in ("vllm-original-lm-head", "original-v2"))
+    for prompt in PROMPTS:
+        ref = generate(target4, prompt, max_new_tokens=10, eos_token_id=[])
+        assert generate(target4, prompt, drafter=drafter, max_new_tokens=10, eos_token_id=[]).tokens.equal(ref.tokens)
+    with pytest.raises(ValueError, match="trained for target .*hidden size 32.*other-B.*hidden size 48"):
+        MedusaDrafter.from_pretrained(path, tiny_target(hidden=48, name="other-B"))
+
+
+@pytest.mark.parametrize("fmt", ["vllm", "medusa-original"])
+@pytest.mark.parametrize("share", [False, True])
+def test_medusa_export_reimport(tmp_path, target4, fmt, share):
+    target_dir = tmp_path / "target"
+    target4.save_pretrained(str(target_dir))
+    torch.manual_seed(0)
+    heads = MedusaHeads(32, 64, num_heads=3, num_layers=1, share_lm_head=share)
+    with torch.no_grad():
+        for p in heads.parameters():
+            p.normal_(std=0.3)
+    if share:
+        heads.attach_lm_head(target4.lm_head)
+    choices = build_tree_choices(default_accuracies(3), 8)
+    save_medusa(str(tmp_path / "src"), heads, choices, target4)
+    out = tmp_path / "out"
+    assert export_main([str(tmp_path / "src"), "--format", fmt, "--out", str(out), "--target", str(target_dir)]) == 0
+    a = MedusaDrafter.from_pretrained(str(tmp_path / "src"), target4)
+    b = MedusaDrafter.from_pretrained(str(out), target4)
+    h = torch.randn(4, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(a.heads(h), b.heads(h))
+    assert a.tree_choices == b.tree_choices and b.heads.share_lm_head == share
+    for prompt in PROMPTS[1:]:
+        ra = generate(target4, prompt, drafter=a, max_new_tokens=12, eos_token_id=[])
+        rb = generate(target4, prompt, drafter=b, max_new_tokens=12, eos_token_id=[])
+        assert ra.tokens.equal(rb.tokens)
+        assert [s.accepted for s in ra.stats.decode_steps] == [s.accepted for s in rb.stats.decode_steps]
+    cfg = json.loads((out / "config.json").read_text())
+    if fmt == "vllm":
+        keys = set(load_file(str(out / "model.safetensors")))
+        assert cfg["model_type"] == "medusa" and cfg["num_heads"] == 3 and cfg["num_hidden_layers"] == 1
+        assert cfg["medusa_fc_bias"] is True and cfg["original_lm_head"] == share
+        assert not [k for k in cfg if "num" in k and k not in ("num_heads", "num_hidden_layers")]
+        heads_keys = {"lm_heads.0.weight"} if share else {f"lm_heads.{k}.weight" for k in range(3)}
+        assert keys == {f"blocks.{k}.layers.0.{p}" for k in range(3) for p in ("weight", "bias")} | heads_keys
+    else:
+        keys = set(load_file(str(out / "medusa_lm_head.safetensors")))
+        assert cfg["medusa_num_heads"] == 3 and cfg["medusa_num_layers"] == 1 and "base_model_name_or_path" in cfg
+        own = set() if share else {f"{k}.1.weight" for k in range(3)}
+        assert keys == {f"{k}.0.linear.{p}" for k in range(3) for p in ("weight", "bias")} | own
+        assert (out / "medusa_lm_head.pt").exists()
+
+
+def test_medusa_original_refuses_distinct_blocks(tmp_path, target4, capsys):
+    target4.save_pretrained(str(tmp_path / "target"))
+    heads = MedusaHeads(32, 64, num_heads=2, num_layers=2)
+    with torch.no_grad():
+        for p in heads.parameters():
+            p.normal_(std=0.1)
+    save_medusa(str(tmp_path / "src"), heads, [(0,)], target4)
+    argv = [str(tmp_path / "src"), "--format", "medusa-original", "--out", str(tmp_path / "o"), "--target",
+            str(tmp_path / "target")]
+    assert export_main(argv) == 2
+    assert "repeats one block" in capsys.readouterr().err
+
+
+# ----------------------------------------------------------------------------- standalone
+
+
+def test_standalone_export_checks_the_vocabulary(tmp_path, target4, capsys):
+    target4.save_pretrained(str(tmp_path / "target"))
+    small = tiny_target(layers=1, seed=5)
+    small.save_pretrained(str(tmp_path / "draft"))
+    out = tmp_path / "out"
+    assert export_main([str(tmp_path / "draft"), "--format", "sglang", "--out", str(out), "--target",
+                        str(tmp_path / "target")]) == 0
+    reloaded = LlamaForCausalLM.from_pretrained(str(out))
+    assert reloaded.config.vocab_size == 64 and detect(str(out)) == "standalone"
+    tiny_target(layers=1, vocab=80).save_pretrained(str(tmp_path / "wrong"))
+    assert export_main([str(tmp_path / "wrong"), "--format", "vllm", "--out", str(tmp_path / "o2"), "--target",
+                        str(tmp_path / "target")]) == 2
+    assert "vocabulary mismatch" in capsys.readouterr().err

@@ -1,0 +1,173 @@
+"""Export a drafter to the folder a serving engine loads as it is.
+
+    python train/export.py runs/eagle3-ref/final --format vllm --out exports/eagle3    # vLLM and SGLang
+    python train/export.py runs/eagle2-ref/final --format sglang --out exports/eagle2-sglang
+    python train/export.py runs/eagle3-ref/final --format speculators --out exports/eagle3-spec
+    python train/export.py zoo/medusa --format vllm --out exports/medusa-vllm
+    python train/export.py zoo/medusa --format medusa-original --out exports/medusa-orig
+    python train/export.py zoo/draft --format vllm --out exports/draft
+
+What each format holds (drafters/formats.py has the key names and config fields):
+  vllm             EAGLE-3: LlamaForCausalLMEagle3 folder (midlayer.*, fc, norm, lm_head, d2t, t2d), the same
+                   folder SGLang loads. EAGLE-1/2: LlamaForCausalLM (fc without bias, layers.0.* without
+                   input_layernorm, no norm, no lm_head). Medusa: model_type "medusa" (blocks.*, lm_heads.*).
+                   Standalone: a plain Hugging Face folder (vocabulary checked against --target).
+  sglang           EAGLE-3: as vllm. EAGLE-1/2: LlamaForCausalLMEagle with a zero fc.bias (a reduced draft
+                   vocabulary goes to hot_token_ids.pt for --speculative-token-map). Standalone: as vllm.
+                   Medusa: refused (SGLang has no Medusa algorithm).
+  speculators      EAGLE-3 only: vllm-project/speculators config (Eagle3Speculator, layers.0.*); `vllm serve DIR`.
+  medusa-original  Medusa only: FasterDecoding/Medusa (medusa_lm_head.safetensors and .pt, config medusa_num_heads).
+EAGLE drafts in draftkit's own layout are refused for every engine (not reference-exact): retrain them with
+`--layout reference` (train/eagle.py). A refusal is one line on stderr and exit code 2.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import torch  # noqa: E402
+
+from drafters.formats import (FORMATS, TOKEN_MAP, ExportRefused, detect, export_eagle,  # noqa: E402
+                              export_medusa, export_standalone, kind_of, load_eagle_draft, read_config)
+
+DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
+
+
+def _default_target(path: str, recorded: str) -> str:
+    """--target when given; else the target the drafter records if it is a local folder; else the zoo's."""
+    if recorded and os.path.isdir(recorded):
+        return recorded
+    from draftkit.models import resolve
+
+    return resolve(None, "target")
+
+
+def _architectures(target: str) -> list[str] | None:
+    """The target's architectures when it is a local folder (named in speculators' verifier)."""
+    p = os.path.join(target or "", "config.json")
+    if not os.path.exists(p):
+        return None
+    with open(p) as fh:
+        return (json.load(fh).get("architectures") or None)
+
+
+def serve_commands(kind: str, fmt: str, out: str, target: str, eagle3: bool, k: int) -> list[str]:
+    """The engine commands that serve the exported folder."""
+    vllm = ("vllm serve {t} --speculative-config "
+            "'{{\"method\": \"{m}\", \"model\": \"{o}\", \"num_speculative_tokens\": {k}}}'")
+    sglang = ("python -m sglang.launch_server --model-path {t} --speculative-algorithm {a} "
+              "--speculative-draft-model-path {o} --speculative-num-steps {k} --speculative-eagle-topk {tk} "
+              "--speculative-num-draft-tokens {n}")
+    if kind == "eagle":
+        if fmt == "speculators":
+            return [f"vllm serve {out}   # target and method come from speculators_config",
+                    vllm.format(t=target, m="eagle3", o=out, k=k)]
+        if eagle3:  # one folder for both engines
+            return [vllm.format(t=target, m="eagle3", o=out, k=k),
+                    sglang.format(t=target, a="EAGLE3", o=out, k=k, tk=8, n=32)]
+        if fmt == "vllm":
+            return [vllm.format(t=target, m="eagle", o=out, k=k)]
+        token_map = os.path.join(out, TOKEN_MAP)
+        extra = f" --speculative-token-map {token_map}" if os.path.exists(token_map) else ""
+        return [sglang.format(t=target, a="EAGLE", o=out, k=k, tk=8, n=32) + extra]
+    if kind == "medusa":
+        if fmt == "vllm":
+            return [vllm.format(t=target, m="medusa", o=out, k=k) + "   # vLLM drafts Medusa's top-1 chain"]
+        return [f"python -m medusa.inference.cli --model {out}   # FasterDecoding/Medusa, base model from the config"]
+    return [vllm.format(t=target, m="draft_model", o=out, k=k),
+            f"python -m sglang.launch_server --model-path {target} --speculative-algorithm STANDALONE "
+            f"--speculative-draft-model-path {out} --speculative-num-steps {k} --speculative-eagle-topk 1 "
+            f"--speculative-num-draft-tokens {k + 1}"]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python train/export.py", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("drafter", metavar="DRAFTER_DIR",
+                   help="a drafter folder: EAGLE (train/eagle.py, reference layout; or an imported public one), "
+                        "Medusa (train/medusa.py, zoo/medusa) or a standalone causal LM (zoo/draft)")
+    p.add_argument("--format", required=True, choices=FORMATS,
+                   help="what to write: vllm, sglang, speculators (EAGLE-3 for vLLM) or medusa-original "
+                        "(FasterDecoding) (required)")
+    p.add_argument("--out", required=True, metavar="DIR", help="folder to write (required; must be empty or new "
+                                                              "unless --force)")
+    p.add_argument("--target", default=None, metavar="PATH_OR_ID",
+                   help="the target model (folder or hub id): loaded for Medusa (its LM head, shape check) and "
+                        "read for standalone (vocabulary check); named in speculators' verifier and in the printed "
+                        "serve commands (default: EAGLE, the target name the draft records; Medusa and standalone, "
+                        "the target the drafter records if it is a local folder, else the shipped zoo target)")
+    p.add_argument("--dtype", choices=sorted(DTYPES), default="float16",
+                   help="dtype of the written floating-point weights (default: float16, what draftkit saves; "
+                        "d2t / t2d stay int64 / bool)")
+    p.add_argument("--speculative-tokens", type=int, default=3, metavar="K",
+                   help="draft tokens per step written into speculators_config and the printed commands (default: 3)")
+    p.add_argument("--force", action="store_true",
+                   help="write into a non-empty --out (files of the same name are replaced; default: refuse)")
+    return p
+
+
+def export(args) -> tuple[str, list[str]]:
+    src = os.path.abspath(args.drafter)
+    out = os.path.abspath(args.out)
+    if not os.path.isdir(src):
+        raise FileNotFoundError(f"{args.drafter} is not a folder")
+    if os.path.isdir(out) and os.listdir(out) and not args.force:
+        raise ExportRefused(f"{args.out} exists and is not empty (pass --force to write into it)")
+    dtype = DTYPES[args.dtype]
+    kind = kind_of(src)
+    cfg = read_config(src)
+    if kind == "eagle":
+        if detect(src) == "draftkit-eagle":
+            raise ExportRefused(
+                f"{args.drafter} is an EAGLE draft in draftkit's own layout (fc with bias -> a full decoder layer "
+                "with its input norm -> a final norm), which no engine computes; retrain it with `--layout reference` "
+                "(python train/eagle.py --config ... --layout reference) to export it")
+        try:
+            draft = load_eagle_draft(src)
+        except ValueError as e:
+            if "pass the target" not in str(e) or not args.target:
+                raise
+            from draftkit.models import load_model
+
+            draft = load_eagle_draft(src, load_model(args.target))
+        target = args.target or draft.config.target_name
+        msg = export_eagle(draft, args.format, out, dtype, target_name=target,
+                           speculative_tokens=args.speculative_tokens, target_architectures=_architectures(target))
+        eagle3 = len(draft.config.feature_layers) == 3
+    elif kind == "medusa":
+        if args.format not in ("vllm", "medusa-original"):  # refuse before loading anything
+            export_medusa(src, args.format, out, None, dtype)
+        from draftkit.models import load_model
+
+        target = args.target or _default_target(src, (cfg.get("target") or {}).get("name", "")
+                                                or cfg.get("base_model_name_or_path", ""))
+        msg = export_medusa(src, args.format, out, load_model(target), dtype)
+        eagle3 = False
+    else:
+        target = args.target or _default_target(src, "")
+        msg = export_standalone(src, args.format, out, target, dtype)
+        eagle3 = False
+    return f"wrote {args.out}: {msg}", serve_commands(kind, args.format, args.out, target, eagle3,
+                                                        args.speculative_tokens)
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        msg, commands = export(args)
+    except (ExportRefused, ValueError, FileNotFoundError, OSError) as e:
+        print("export: error: " + " ".join(str(e).split()), file=sys.stderr)
+        return 2
+    print(msg)
+    print("serve it with:")
+    for c in commands:
+        print("  " + c)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
