@@ -319,11 +319,12 @@ class EagleDrafter:
         root_logits = self._logits(self.bank[0])
         temperature = self.temperature or state.temperature
         if self.top_k == 1:
-            return sample_chain(root_logits, self._forward, depth, state.greedy, self.gen, temperature, self.sampling)
+            return sample_chain(root_logits, self._forward, depth, state.greedy, self.gen, temperature,
+                                self.sampling or state.sampling)
         floor = getattr(budget, "min_path_prob", 0.0)
         if not state.greedy and sampled_trees_enabled():
             return sampled_tree(root_logits, self._forward, depth, self.top_k, budget.max_nodes, self.gen,
-                                temperature, self.sampling, floor)
+                                temperature, self.sampling or state.sampling, floor)
         return dynamic_tree(root_logits, self._forward, depth, self.top_k, budget.max_nodes, floor)
 
     @torch.no_grad()

@@ -285,14 +285,14 @@ class MedusaDrafter:
         h = self.hidden.to(p.device, p.dtype) if p is not None else self.hidden
         logits = self.heads(h[None])[:, 0]  # (num_heads, V)
         if not state.greedy and sampled_trees_enabled():
-            return self._sampled(logits, head, parents, state.temperature, device)
+            return self._sampled(logits, head, parents, state.temperature, device, self.sampling or state.sampling)
         top = logits.topk(self.top_k, dim=-1).indices  # (num_heads, top_k), stays on the device
         tokens = top[head.to(top.device), rank.to(top.device)].to(device)
         tree = DraftTree(tokens, torch.tensor(parents, device=device))
         tree._parents = parents  # the topology is known on the host: validation reads nothing back
         return tree
 
-    def _sampled(self, logits, head, parents, temperature: float, device) -> DraftTree:
+    def _sampled(self, logits, head, parents, temperature: float, device, sampling=None) -> DraftTree:
         """The layout's tree with rank r of a slot's children = the r-th draw without replacement from
         its head's q. A slot's children are taken in rank order (the layout sorts them), so its
         j-th child is the j-th draw whatever ranks the choices name: always a prefix of the draws."""
@@ -300,7 +300,7 @@ class MedusaDrafter:
         for pa in parents:
             draw.append(seen.get(pa, 0))
             seen[pa] = draw[-1] + 1
-        q = draft_probs(logits, temperature, self.sampling)  # (num_heads, V)
+        q = draft_probs(logits, temperature, sampling)  # (num_heads, V)
         gen = self.gen if self.gen is None or self.gen.device == q.device else None
         order = gumbel_order(q, min(max(draw) + 1, q.shape[-1]), gen)  # (num_heads, k)
         support = (q > 0).sum(-1).tolist()

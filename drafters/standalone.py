@@ -93,11 +93,12 @@ class StandaloneDrafter:
         self.cache.commit(list(range(new.numel())))
         temperature = self.temperature or state.temperature
         if self.top_k == 1:
-            return sample_chain(logits, self._forward, depth, state.greedy, self.gen, temperature, self.sampling)
+            return sample_chain(logits, self._forward, depth, state.greedy, self.gen, temperature,
+                                self.sampling or state.sampling)
         floor = getattr(budget, "min_path_prob", 0.0)
         if not state.greedy and sampled_trees_enabled():
             return sampled_tree(logits, self._forward, depth, self.top_k, budget.max_nodes, self.gen, temperature,
-                                self.sampling, floor)
+                                self.sampling or state.sampling, floor)
         return dynamic_tree(logits, self._forward, depth, self.top_k, budget.max_nodes, floor)
 
     def update(self, result: StepResult) -> None:

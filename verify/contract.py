@@ -187,6 +187,8 @@ class DecodeState:
     greedy:    True when acceptance is greedy (drafters may then skip computing q)
     temperature: the sampling temperature of p; a sampled draft is most often accepted when its
                q uses the same one
+    sampling:  the whole sampling setting of p (verify.accept.Sampling: temperature, top-k, top-p),
+               so that a sampled q can be processed the same way; None under greedy
     """
 
     tokens: torch.Tensor
@@ -194,6 +196,7 @@ class DecodeState:
     budget: Budget
     greedy: bool
     temperature: float = 1.0
+    sampling: object = None
 
 
 @dataclass

@@ -126,7 +126,8 @@ def generate(model, input_ids, drafter: Drafter | None = None, max_new_tokens: i
                 given.max_nodes = min(given.max_nodes, room)
                 given.max_depth = min(given.max_depth, room)
             if not given.empty:
-                state = DecodeState(buf[:T], T0, given, sampling.greedy, sampling.temperature or 1.0)
+                state = DecodeState(buf[:T], T0, given, sampling.greedy, sampling.temperature or 1.0,
+                                    None if sampling.greedy else sampling)
                 tree = drafter.propose(state)
                 if verifier.max_len and len(tree) > verifier.max_len - T:  # a drafter that ignored the budget
                     tree = DraftTree.empty(prompt.device)

@@ -117,7 +117,8 @@ def _first_tokens(logits_last: torch.Tensor, lanes, sampling: Sampling, gen) -> 
 
 @torch.no_grad()
 def generate_packed(model, prompts, drafters, max_new_tokens: int = 64, sampling: Sampling | None = None,
-                    eos_token_id=None, seed: int | None = None, budget="auto", shared_prompt: bool = False) -> PackedOutput:
+                    eos_token_id=None, seed: int | None = None, budget="auto",
+                    shared_prompt: bool = False) -> PackedOutput:
     """Decode len(drafters) lanes together. shared_prompt: every lane continues prompts[0], stored once
     (best-of-N); otherwise lane i continues prompts[i] (a batch of prompts of any lengths)."""
     sampling = sampling or Sampling()
@@ -177,7 +178,8 @@ def generate_packed(model, prompts, drafters, max_new_tokens: int = 64, sampling
             tree = DraftTree.empty(model.device)
             if not given.empty:
                 state = DecodeState(torch.tensor(ln.tokens, device=model.device), ln.prompt.numel(), given,
-                                    sampling.greedy, sampling.temperature or 1.0)
+                                    sampling.greedy, sampling.temperature or 1.0,
+                                    None if sampling.greedy else sampling)
                 tree = ln.drafter.propose(state)
             trees.append(tree.validate(vocab))
             givens.append(given)
