@@ -242,9 +242,12 @@ class AutoBudget:
 
     def verify_time(self, nodes: int) -> float:
         """Seconds to verify `nodes` draft nodes: the profile's curve, corrected by what steps measured."""
-        plain = self.plain_s or self.profile.plain_s
         if nodes == 0:
-            return plain
+            if self.plain_s is not None:
+                return self.plain_s
+            # no plain step measured yet: the correction of the smallest measured tree stands in for it
+            near = self.correction.get(min(self.correction), 1.0) if self.correction else 1.0
+            return self.profile.plain_s * near
         return self.profile.plain_s * self.profile.c(nodes) * self.correction.get(self._bucket(nodes), 1.0)
 
     def step_time(self, depth: int) -> float:
@@ -299,7 +302,7 @@ class AutoBudget:
         steps = self.choices or [(0, 0)]
         committed = sum(g for g, _ in self.predicted)
         seconds = sum(t for _, t in self.predicted)
-        plain = (self.plain_s or self.profile.plain_s) if self.profile else None
+        plain = self.verify_time(0) if self.profile else None
         return {"mean_depth": statistics.mean(d for d, _ in steps), "mean_nodes": statistics.mean(n for _, n in steps),
                 "plain_share": sum(d == 0 for d, _ in steps) / len(steps),
                 "predicted_speedup": (committed / seconds) * plain if seconds and plain else None,
