@@ -1,23 +1,40 @@
-"""Recipes: every YAML loads against its script; few-step runs lower the loss, log to an
-offline W&B run, resume exactly where they stopped, and refuse corrupt checkpoints."""
+"""Recipes through the one loop (train/loop.py): every YAML loads against its script; every recipe lowers its
+loss in a few steps and resumes onto exactly the losses of an uninterrupted run; a finished run continues
+when --max_steps is raised, into the same W&B run, writing only under --output_dir; a changed model shape or
+a corrupt checkpoint is a one-line error; every README training command runs in a fresh clone (slow)."""
 import glob
 import importlib
+import json
 import math
 import os
 import random
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
+import torch
 import yaml
+from transformers import LlamaConfig, LlamaForCausalLM
 
-from train.common import load_recipe
+from train.config import TrainConfig, load_recipe, parse_config
 from train.data import train_tokenizer
+from train.loop import STATE_FILE, cli
 
-RECIPE_SCRIPTS = {"zoo": "train.pretrain", "draft": "train.draft", "medusa": "train.medusa", "eagle": "train.eagle"}
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPTS = {"zoo": "pretrain", "draft": "draft", "medusa": "medusa", "eagle": "eagle"}
+SINGLE = "accelerate launch --config_file recipes/accelerate/single.yaml"
 
 
 def config_class(module):
     return next(v for k, v in vars(module).items() if k.endswith("Config") and isinstance(v, type)
                 and v.__module__ == module.__name__)
+
+
+# ----------------------------------------------------------------------------- configs
 
 
 @pytest.mark.parametrize("path", sorted(glob.glob("recipes/*/*.yaml")))
@@ -28,94 +45,269 @@ def test_every_recipe_loads_against_its_script(path):
         assert "distributed_type" in cfg and "num_processes" in cfg
         return
     first = open(path).readline()
-    assert first.startswith("# accelerate launch train/") and path in first, "the launch command comes first"
-    module = importlib.import_module(RECIPE_SCRIPTS[folder])
-    cls = config_class(module)
-    cls(**load_recipe(path, cls))  # unknown keys or wrong names raise
+    script = SCRIPTS[folder]
+    assert first.startswith(f"# {SINGLE} train/{script}.py --config {path}"), "the launch command comes first"
+    cfg = parse_config(config_class(importlib.import_module(f"train.{script}")), ["--config", path])
+    data = load_recipe(path, type(cfg))
+    assert "export_dir" not in data, "the final model must follow --output_dir"
+    assert not any("runs/" in str(data.get(k, "")) for k in ("target", "init_from", "init_heads")), \
+        "recipes start from the shipped models, which a fresh checkout has"
 
 
-def test_unknown_recipe_key_is_an_error(tmp_path):
+@pytest.mark.parametrize("script", sorted(set(SCRIPTS.values())))
+def test_every_flag_has_help(script, capsys):
+    cls = config_class(importlib.import_module(f"train.{script}"))
+    assert issubclass(cls, TrainConfig)
+    for f in cls.__dataclass_fields__.values():
+        assert f.metadata.get("help"), f"{cls.__name__}.{f.name} has no help text"
+    with pytest.raises(SystemExit) as exit_:
+        parse_config(cls, ["--help"])
+    assert exit_.value.code == 0
+    out = capsys.readouterr().out
+    assert "--max_steps" in out and "(default: " in out and "--config" in out
+
+
+def test_flags_override_the_yaml_and_lists_take_both_forms():
+    from train.eagle import EagleTrainConfig
+
+    path = "recipes/eagle/eagle3.yaml"
+    cfg = parse_config(EagleTrainConfig, ["--config", path, "--lr", "1e-2", "--feature_layers", "[0, 2, -1]"])
+    assert cfg.lr == 0.01 and cfg.feature_layers == [0, 2, -1] and cfg.ttt_steps == 3  # ttt_steps from the YAML
+    assert parse_config(EagleTrainConfig, ["--feature_layers", "1", "-1"]).feature_layers == [1, -1]
+    assert parse_config(EagleTrainConfig, ["--config", path, "--feature_layers", "[]"]).feature_layers == []
+    cfg = parse_config(EagleTrainConfig, ["--output_dir", "elsewhere", "--wandb", "false"])
+    assert cfg.cache_dir == "elsewhere/cache" and cfg.wandb is False
+
+
+def test_unknown_recipe_key_is_an_error(tmp_path, capsys):
     from train.pretrain import PretrainConfig
 
     bad = tmp_path / "bad.yaml"
     bad.write_text("hidden_sise: 12\n")
     with pytest.raises(ValueError, match="unknown keys.*hidden_sise"):
         load_recipe(str(bad), PretrainConfig)
+    with pytest.raises(SystemExit):
+        parse_config(PretrainConfig, ["--config", str(bad)])
+    assert "hidden_sise" in capsys.readouterr().err
+
+
+def test_a_missing_target_folder_is_named(tmp_path):
+    from train.config import TrainError, resolve_model
+
+    with pytest.raises(TrainError, match="runs/target/final: no such folder"):
+        resolve_model("runs/target/final", "target")
+    assert resolve_model("default", "target").endswith("zoo/target")
+    assert resolve_model("org/model", "target") == "org/model"  # a hub id passes through
+
+
+# ----------------------------------------------------------------------------- tiny runs of every recipe
 
 
 @pytest.fixture(scope="module")
-def tiny_corpus(tmp_path_factory):
-    """A small text corpus and a 300-token BPE tokenizer trained on it."""
-    root = tmp_path_factory.mktemp("corpus")
+def tiny(tmp_path_factory):
+    """A small text corpus, a 300-token BPE tokenizer and a tiny random target saved like a real one."""
+    root = tmp_path_factory.mktemp("tiny")
     rng = random.Random(0)
     names = ["alpha", "beta", "gamma", "delta", "value", "items", "result"]
     lines = []
     for i in range(1500):
         a, b = rng.choice(names), rng.choice(names)
         lines.append(f"def {a}_{i % 7}({b}): return {b} + {i % 10}")
-    text = root / "corpus.txt"
-    text.write_text("\n".join(lines))
-    train_tokenizer(lines, vocab_size=300, save_dir=str(root / "tok"))
-    return str(text), str(root / "tok")
+    (root / "corpus.txt").write_text("\n".join(lines))
+    tok = train_tokenizer(lines, vocab_size=300, save_dir=str(root / "tok"))
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, intermediate_size=64, max_position_embeddings=128,
+                      tie_word_embeddings=True, eos_token_id=tok.eos_token_id)
+    target = LlamaForCausalLM(cfg)
+    with torch.no_grad():
+        target.lm_head.weight.mul_(8)  # peaked distributions, as a trained target has
+    target.save_pretrained(str(root / "target"))
+    tok.save_pretrained(str(root / "target"))
+    return root
 
 
-def pretrain_args(corpus, tok, out, *extra):
-    return ["--corpus", corpus, "--tokenizer_dir", tok, "--hidden_size", "32", "--num_layers", "1",
-            "--num_heads", "2", "--intermediate_size", "64", "--seq_len", "32", "--batch_size", "4",
-            "--lr", "0.01", "--warmup_steps", "2", "--eval_blocks", "4", "--eval_every", "100",
-            "--cache_dir", "", "--output_dir", str(out), *extra]
+COMMON = ["--seq_len", "32", "--batch_size", "4", "--lr", "0.01", "--warmup_steps", "2", "--eval_blocks", "4",
+          "--eval_every", "100", "--cache_dir", "", "--wandb", "false"]
 
 
-def test_pretrain_lowers_the_loss_and_logs_to_wandb(tiny_corpus, tmp_path):
+def recipe_argv(name, tiny, out, *extra):
+    own = {
+        "pretrain": ["--corpus", str(tiny / "corpus.txt"), "--tokenizer_dir", str(tiny / "tok"), "--hidden_size", "32",
+                     "--num_layers", "1", "--num_heads", "2", "--intermediate_size", "64"],
+        "draft": ["--hidden_size", "16", "--num_layers", "1", "--num_heads", "2", "--intermediate_size", "32"],
+        "medusa": ["--num_heads", "2", "--eval_top_k", "3", "--tree_size", "4"],
+        "eagle": ["--eval_tau_prompts", "0"],
+    }[name]
+    if name != "pretrain":
+        own = ["--target", str(tiny / "target"), "--corpus", str(tiny / "corpus.txt"), *own]
+    return [*own, *COMMON, "--output_dir", str(out), *extra]
+
+
+def run_recipe(name, argv):
+    return importlib.import_module(f"train.{name}").main(argv)
+
+
+@pytest.mark.parametrize("name", ["pretrain", "draft", "medusa", "eagle"])
+def test_recipe_lowers_the_loss_and_resumes_exactly(name, tiny, tmp_path):
+    steps = ["--max_steps", "10", "--checkpoint_every", "4"]
+    straight = run_recipe(name, recipe_argv(name, tiny, tmp_path / "a", *steps))
+    losses = [h["loss"] for h in straight["history"]]
+    assert len(losses) == 10 and sum(losses[-3:]) < sum(losses[:3]) - 0.05, losses
+    cut = run_recipe(name, recipe_argv(name, tiny, tmp_path / "b", *steps, "--stop_at_step", "6"))
+    assert cut["stopped_at"] == 6 and not (tmp_path / "b" / "final").exists()
+    resumed = run_recipe(name, recipe_argv(name, tiny, tmp_path / "b", *steps))
+    assert resumed["resumed_from"] == 4  # lost at most one checkpoint interval
+    assert [h["loss"] for h in resumed["history"]] == pytest.approx(losses[4:], rel=1e-5, abs=1e-6)
+    assert (tmp_path / "b" / "final" / "train_report.json").exists()
+
+
+def test_gradient_accumulation_and_a_transformers_schedule(tiny, tmp_path):
+    report = run_recipe("pretrain", recipe_argv("pretrain", tiny, tmp_path / "acc", "--max_steps", "4",
+                                                "--gradient_accumulation_steps", "2", "--lr_scheduler_type", "linear"))
+    lrs = [h["lr"] for h in report["history"]]
+    assert len(lrs) == 4 and lrs[1] == pytest.approx(0.01) and lrs[-1] == pytest.approx(0.0)  # warmup 2, linear to 0
+
+
+def files_under(root: Path) -> dict:
+    return {str(p.relative_to(root)): p.stat().st_mtime_ns for p in root.rglob("*") if p.is_file()}
+
+
+def test_a_finished_run_continues_into_the_same_wandb_run(tiny, tmp_path, monkeypatch):
+    """A run shorter than checkpoint_every still ends with a checkpoint; raising --max_steps continues it
+    (no restart), logs to the same W&B run, and nothing is written outside --output_dir."""
     from train.pretrain import main
 
-    corpus, tok = tiny_corpus
-    report = main(pretrain_args(corpus, tok, tmp_path / "run", "--max_steps", "30"))
-    assert report["heldout_loss"] < math.log(300) - 1.0  # well below a uniform guess
-    runs = glob.glob(str(tmp_path / "run" / "wandb" / "offline-run-*" / "*.wandb"))
-    assert runs, "no offline W&B run was written"
-    assert b"train/loss" in open(runs[0], "rb").read()
-    assert os.path.exists(tmp_path / "run" / "final" / "model.safetensors")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    before = files_under(tiny)
+    out = tmp_path / "out"
+    args = ["--corpus", str(tiny / "corpus.txt"), "--tokenizer_dir", str(tiny / "tok"), "--hidden_size", "32",
+            "--num_layers", "1", "--num_heads", "2", "--intermediate_size", "64", "--seq_len", "32",
+            "--batch_size", "4", "--eval_blocks", "4", "--output_dir", str(out)]  # W&B on, the default cache_dir
+    first = main(args + ["--max_steps", "3"])
+    assert first["resumed_from"] == 0 and len(first["history"]) == 3
+    ckpts = sorted((out / "checkpoints").glob("checkpoint_*"))
+    assert len(ckpts) == 1 and json.loads((ckpts[0] / STATE_FILE).read_text())["step"] == 3  # < checkpoint_every
+    second = main(args + ["--max_steps", "5"])
+    assert second["resumed_from"] == 3 and second["steps"] == 5 and len(second["history"]) == 2
+    assert json.loads((out / "final" / "train_report.json").read_text())["steps"] == 5
+    run_id = (out / "wandb_run_id").read_text().strip()
+    runs = sorted(glob.glob(str(out / "wandb" / "offline-run-*")))
+    assert len(runs) == 2 and all(r.endswith("-" + run_id) for r in runs), (run_id, runs)
+    assert all(b"train/loss" in open(glob.glob(r + "/*.wandb")[0], "rb").read() for r in runs)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"], "written outside --output_dir"
+    assert files_under(tiny) == before
+    assert (out / "cache").is_dir() and (out / "final" / "model.safetensors").exists()
 
 
-def test_resumed_run_matches_an_uninterrupted_one(tiny_corpus, tmp_path):
+def test_changed_model_shape_is_a_one_line_error(tiny, tmp_path, capsys):
     from train.pretrain import main
 
-    corpus, tok = tiny_corpus
-    common = ["--max_steps", "6", "--checkpoint_every", "2"]
-    stopped = main(pretrain_args(corpus, tok, tmp_path / "a", *common, "--stop_at_step", "3"))
-    assert stopped == {"start_step": 0, "stopped_at": 3}
-    resumed = main(pretrain_args(corpus, tok, tmp_path / "a", *common))
-    assert resumed["start_step"] == 2  # lost at most one checkpoint interval
-    straight = main(pretrain_args(corpus, tok, tmp_path / "b", *common))
-    assert resumed["heldout_loss"] == pytest.approx(straight["heldout_loss"], abs=1e-5)
+    out = tmp_path / "shape"
+    main(recipe_argv("pretrain", tiny, out, "--max_steps", "2"))
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit_:
+        cli(main, recipe_argv("pretrain", tiny, out, "--max_steps", "4", "--hidden_size", "48"))
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "Traceback" not in err
+    assert str(out) in err and "(300, 32)" in err and "(300, 48)" in err, err
+    with pytest.raises(SystemExit):
+        cli(main, recipe_argv("pretrain", tiny, out, "--max_steps", "1"))
+    assert "past --max_steps 1" in capsys.readouterr().err
 
 
-def test_corrupt_checkpoint_is_a_clear_error(tiny_corpus, tmp_path):
+def test_interrupted_and_corrupt_checkpoints(tiny, tmp_path):
+    from train.config import TrainError
     from train.pretrain import main
 
-    corpus, tok = tiny_corpus
+    out = tmp_path / "c"
     common = ["--max_steps", "4", "--checkpoint_every", "2"]
-    main(pretrain_args(corpus, tok, tmp_path / "c", *common, "--stop_at_step", "2"))
-    weights = glob.glob(str(tmp_path / "c" / "checkpoints" / "step_2" / "*.safetensors"))[0]
+    main(recipe_argv("pretrain", tiny, out, *common, "--stop_at_step", "2"))
+    (out / "checkpoints" / "checkpoint_7").mkdir()  # a save killed half-way: no trainer_state.json
+    weights = glob.glob(str(out / "checkpoints" / "checkpoint_0" / "*.safetensors"))[0]
+    shutil.copy(weights, tmp_path / "good.safetensors")
     with open(weights, "wb") as fh:
         fh.write(b"not a checkpoint")
-    with pytest.raises(RuntimeError, match="corrupt or incompatible"):
-        main(pretrain_args(corpus, tok, tmp_path / "c", *common))
+    with pytest.raises(TrainError, match="corrupt or incompatible"):
+        main(recipe_argv("pretrain", tiny, out, *common))
+    assert not (out / "checkpoints" / "checkpoint_7").exists()
+    shutil.copy(tmp_path / "good.safetensors", weights)
+    assert main(recipe_argv("pretrain", tiny, out, *common))["resumed_from"] == 2
 
 
-def test_draft_distillation_lowers_the_kl(tiny_corpus, tmp_path):
-    from train.draft import main as distil
-    from train.pretrain import main as pretrain
+# ----------------------------------------------------------------------------- the zoo build and the README
 
-    corpus, tok = tiny_corpus
-    pretrain(pretrain_args(corpus, tok, tmp_path / "t", "--max_steps", "20", "--wandb", "false"))
-    args = ["--target", str(tmp_path / "t" / "final"), "--corpus", corpus, "--hidden_size", "16",
-            "--num_layers", "1", "--num_heads", "2", "--intermediate_size", "32", "--seq_len", "32",
-            "--batch_size", "4", "--lr", "0.01", "--warmup_steps", "2", "--eval_blocks", "4", "--cache_dir", "",
-            "--output_dir", str(tmp_path / "d")]
-    short = distil(args + ["--max_steps", "1", "--wandb", "false", "--output_dir", str(tmp_path / "d0")])
-    longer = distil(args + ["--max_steps", "25"])
-    assert longer["heldout_loss"] < short["heldout_loss"]
-    assert longer["top1_agreement"] > short["top1_agreement"]
-    assert glob.glob(str(tmp_path / "d" / "wandb" / "offline-run-*" / "*.wandb"))
+
+def test_zoo_build_commands_parse_and_finished_stages_are_skipped(tmp_path):
+    done = tmp_path / "target" / "final"
+    done.mkdir(parents=True)
+    (done / "train_report.json").write_text("{}")
+    env = {**os.environ, "DRY_RUN": "1", "OUT": str(tmp_path), "CORPUS": "python"}
+    out = subprocess.run(["bash", "recipes/zoo/build.sh"], cwd=ROOT, env=env, capture_output=True, text=True,
+                         check=True).stdout
+    assert f"= target: done ({done})" in out
+    stages = [line[2:].split(" > ")[0] for line in out.splitlines() if line.startswith("+ python train/")
+              and "ship.py" not in line]
+    assert len(stages) == 5  # draft, eagle2, medusa1, medusa2, eagle3
+    for command in stages:
+        words = shlex.split(command)
+        cls = config_class(importlib.import_module("train." + Path(words[1]).stem))
+        cfg = parse_config(cls, words[2:])
+        assert cfg.corpus == "python" and cfg.target == str(done) and cfg.output_dir.startswith(str(tmp_path))
+
+
+def readme_training_commands(readme: Path) -> list[str]:
+    """The training commands of the README's "Training the drafters" code block."""
+    text = readme.read_text()
+    block = re.search(r"## Training the drafters.*?```bash\n(.*?)```", text, re.S).group(1)
+    lines = [line.split("#")[0].strip() for line in block.splitlines()]
+    return [line for line in lines if line.startswith(("accelerate launch", "python train/"))]
+
+
+def fresh_clone(dest: Path) -> Path:
+    """A git clone of the repository with the working tree's uncommitted changes on top (what the next
+    commit holds): no runs/, no caches, nothing but what a newcomer gets."""
+    subprocess.run(["git", "clone", "-q", str(ROOT), str(dest)], check=True)
+    diff = subprocess.run(["git", "diff", "HEAD", "--binary"], cwd=ROOT, capture_output=True, check=True).stdout
+    if diff:
+        subprocess.run(["git", "apply", "--whitespace=nowarn"], cwd=dest, input=diff, check=True)
+    untracked = subprocess.run(["git", "ls-files", "--others", "--exclude-standard", "-z"], cwd=ROOT,
+                               capture_output=True, check=True).stdout.decode().split("\0")
+    for rel in filter(None, untracked):
+        (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(ROOT / rel, dest / rel)
+    return dest
+
+
+# a few steps of each command, small batches; everything goes to a folder outside the clone
+FEW_STEPS = ["--max_steps", "2", "--eval_blocks", "1", "--batch_size", "2", "--seq_len", "64"]
+SCRIPT_EXTRA = {"medusa": ["--distill_tokens", "64", "--distill_gen_len", "32", "--distill_prompt_len", "16",
+                           "--eval_top_k", "3", "--tree_size", "4"],
+                "eagle": ["--eval_tau_prompts", "1", "--eval_new_tokens", "4"]}
+
+
+@pytest.mark.slow
+def test_readme_training_commands_run_in_a_fresh_clone(tmp_path):
+    clone = fresh_clone(tmp_path / "clone")
+    git_status = ["git", "status", "--porcelain", "--ignored"]
+    clean = subprocess.run(git_status, cwd=clone, capture_output=True, text=True, check=True).stdout
+    commands = readme_training_commands(clone / "README.md")
+    assert len(commands) >= 6, commands
+    out = tmp_path / "out"
+    env = {**os.environ, "WANDB_MODE": "offline", "PYTHONDONTWRITEBYTECODE": "1",
+           "PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"]}
+    env.pop("DRAFTKIT_ZOO", None)
+    for i, command in enumerate(commands):
+        script = re.search(r"train/(\w+)\.py", command).group(1)
+        run_dir = out / f"{i}-{script}"
+        argv = shlex.split(command) + FEW_STEPS + SCRIPT_EXTRA.get(script, []) + [
+            "--output_dir", str(run_dir), "--cache_dir", str(out / "cache")]
+        res = subprocess.run(argv, cwd=clone, env=env, capture_output=True, text=True, timeout=900)
+        assert res.returncode == 0, f"{command}\n{res.stderr[-3000:]}"
+        assert "--num_processes" not in res.stderr, f"{command}: accelerate warned\n{res.stderr[-2000:]}"
+        report = json.loads((run_dir / "final" / "train_report.json").read_text())
+        assert report["steps"] == 2
+    status = subprocess.run(git_status, cwd=clone, capture_output=True, text=True, check=True).stdout
+    assert status == clean, f"the README commands wrote into the clone:\n{status}"

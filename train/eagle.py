@@ -1,6 +1,6 @@
 """Train an EAGLE draft (EAGLE-1/2, or EAGLE-3 features + training-time test) for a frozen target.
 
-    accelerate launch train/eagle.py --config recipes/eagle/eagle2.yaml
+    accelerate launch --config_file recipes/accelerate/single.yaml train/eagle.py --config recipes/eagle/eagle2.yaml
     python train/eagle.py --config recipes/eagle/eagle2.yaml          # one CPU
     python train/eagle.py --config recipes/eagle/eagle3.yaml
 
@@ -12,10 +12,21 @@ draft on pairs (f_t, x_{t+1}) -> f_{t+1}:
 where step i > 0 of the training-time test feeds the draft its own predicted
 features (as at decoding time, along a chain) and step 0 the true, noised ones.
 EAGLE-1/2: ttt_steps 1, losses 1.0 / 0.1. EAGLE-3: fused low/mid/high features,
-ttt_steps > 1, feature loss 0. Killed and started again with the same command,
-it resumes from its last checkpoint. At the end it measures held-out draft
-top-1 agreement with the target and the mean accepted length tau of the
-EAGLE-2 tree on held-out prompts, saves the draft folder and prints a JSON report.
+ttt_steps > 1, feature loss 0.
+
+layout: draftkit (default; drafters/eagle.py, what the zoo ships) or reference
+(drafters/eagle_reference.py: the EAGLE-1/2 / EAGLE-3 computation vLLM and SGLang
+run, exportable with train/export.py). A reference EAGLE-3 reads three residual
+streams entering layers 1..L-1 (e.g. [2, L//2, L-3]), feeds back its pre-norm
+output and predicts tokens over a reduced draft vocabulary: the draft_vocab_size
+most frequent target tokens of the training data (d2t / t2d); its CE is taken
+against the target's distribution restricted to that vocabulary, on positions
+whose target top-1 is in it (as SpecForge does).
+
+The target defaults to the shipped one (zoo/target). The loop (train/loop.py) resumes a killed
+run from its last checkpoint. At the end it measures held-out draft top-1 agreement with the
+target and the mean accepted length tau of the EAGLE-2 tree on held-out prompts,
+saves the draft folder and prints a JSON report.
 """
 from __future__ import annotations
 
@@ -34,42 +45,54 @@ from tqdm import tqdm  # noqa: E402
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache  # noqa: E402
 
 from drafters.eagle import EagleDraftModel, EagleDrafter  # noqa: E402
-from train.common import Checkpoints, DataConfig, cosine_lr, field, finish, make_accelerator, parse_config  # noqa: E402
-from train.data import BlockSampler, build_corpus, token_streams  # noqa: E402
+from drafters.eagle_reference import frequent_tokens, make_draft  # noqa: E402
+from train.config import TrainConfig, TrainError, field, parse_config, resolve_model, shared  # noqa: E402
+from train.data import BlockSampler, heldout_batches, load_streams  # noqa: E402
+from train.loop import Loop, cli  # noqa: E402
 
 
 @dataclass
-class EagleTrainConfig(DataConfig):
-    target: str = field("runs/target/final", "target model (folder or hub name); its tokenizer is used too")
-    feature_layers: list = field([], "hidden-state indices the draft reads (0 = embeddings, -1 = last): [] = the "
-                                     "last only (EAGLE-1/2); three, e.g. [1, 3, -1], = EAGLE-3 low/mid/high fusion")
+class EagleTrainConfig(TrainConfig):
+    target: str = field("default", "target model (a folder, a hub id, or default: the shipped target); its "
+                                   "tokenizer is used too")
+    feature_layers: list[int] = field([], "hidden-state indices the draft reads (0 = embeddings, -1 = last): [] = "
+                                          "the last only (EAGLE-1/2); three, e.g. [1, 3, -1], = EAGLE-3 "
+                                          "low/mid/high fusion")
     ttt_steps: int = field(1, "training-time test: unrolled draft steps on its own features (1 = EAGLE-1/2)")
     ttt_decay: float = field(0.8, "loss weight of unrolled step i is ttt_decay ** i")
     init_from_target: bool = field(False, "start the draft's decoder layer as a copy of the target's last layer")
-    lr: float = field(3e-4, "peak learning rate (EAGLE: 3e-5 for 7B targets; small drafts want more)")
-    betas: list = field([0.9, 0.95], "AdamW betas")
-    weight_decay: float = field(0.0, "AdamW weight decay")
-    warmup_steps: int = field(100, "linear warmup steps")
-    max_steps: int = field(1200, "optimizer steps in total")
-    grad_clip: float = field(0.5, "gradient norm clip")
+    layout: str = field("draftkit", "draft architecture: draftkit (its own, the zoo's) or reference (what vLLM / "
+                                    "SGLang compute: exportable with train/export.py)")
+    draft_vocab_size: int = field(0, "reference layout: the draft vocabulary = this many most frequent target tokens "
+                                     "of the training data (0: EAGLE-3 a quarter of the target's, EAGLE-1/2 all of "
+                                     "it; -1: all of it)")
     feature_noise: float = field(0.2, "width of the uniform noise U(-w/2, w/2) added to the input target features")
     feature_loss_weight: float = field(1.0, "SmoothL1 loss on the predicted features (EAGLE-3: 0)")
     token_loss_weight: float = field(0.1, "cross-entropy of the draft against the target's distribution")
     cache_features: bool = field(False, "store the target's features per batch on disk and reuse them "
                                         "(default: computed on the fly under no_grad)")
-    feature_cache_batches: int = field(0, "distinct batches in the feature cache, cycled like epochs (0: max_steps)")
+    feature_cache_batches: int = field(0, "distinct batches in the feature cache, cycled like epochs "
+                                          "(0: every micro-batch of the run)")
     regenerate: bool = field(False, "train on text the target itself generated from corpus prompts (self-distillation)")
     regen_blocks: int = field(256, "blocks of regenerated text (prompt + continuation, seq_len tokens each)")
     regen_prompt_len: int = field(64, "corpus tokens that start each regenerated block")
     regen_temperature: float = field(1.0, "sampling temperature of the regeneration (0: greedy)")
-    eval_every: int = field(200, "held-out draft accuracy every N steps")
-    eval_blocks: int = field(32, "held-out blocks per evaluation")
     eval_tau_prompts: int = field(4, "held-out prompts for the final tau measurement (0: skip)")
     eval_new_tokens: int = field(64, "tokens generated per prompt for tau")
-    checkpoint_every: int = field(100, "checkpoint every N steps (the most work an interruption loses)")
-    output_dir: str = field("runs/eagle2", "checkpoints, W&B run and logs")
-    export_dir: str = field("", "where the draft folder is saved (empty: output_dir/final)")
-    seed: int = field(0, "seed for init, noise and data order")
+    output_dir: str = shared("output_dir", "runs/eagle2")
+    lr: float = field(3e-4, "peak learning rate (EAGLE: 3e-5 for 7B targets; small drafts want more)")
+    warmup_steps: int = shared("warmup_steps", 100)
+    max_steps: int = shared("max_steps", 1200)
+    grad_clip: float = shared("grad_clip", 0.5)
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.ttt_steps < 1:
+            raise TrainError(f"ttt_steps must be >= 1, got {self.ttt_steps}")
+        if self.layout not in ("draftkit", "reference"):
+            raise TrainError(f"layout must be draftkit or reference, got {self.layout!r}")
+        if self.layout == "draftkit" and self.draft_vocab_size > 0:
+            raise TrainError("draft_vocab_size needs layout: reference (draftkit's layout uses the full vocabulary)")
 
 
 # --- data -------------------------------------------------------------------------------------------
@@ -129,7 +152,7 @@ class FeatureSource:
 
     def __init__(self, cfg, target, draft_config, sampler, key: str | None):
         self.target, self.layers, self.sampler = target, draft_config.feature_layers, sampler
-        self.cycle = cfg.feature_cache_batches or cfg.max_steps
+        self.cycle = cfg.feature_cache_batches or cfg.max_steps * cfg.gradient_accumulation_steps
         self.dir = os.path.join(cfg.cache_dir, f"eagle-feats-{key}") if key else None
         if self.dir:
             os.makedirs(self.dir, exist_ok=True)
@@ -182,15 +205,19 @@ class EagleLoss(nn.Module):
         embed, head = self._frozen
         b, t = ids.shape
         n = t - 1
+        vocab_ids = self.draft.vocab_ids() if hasattr(self.draft, "vocab_ids") else None  # reduced draft vocabulary
         with torch.no_grad():
             emb = embed(ids).float()
             tgt_logits = head(last[:, 1:].to(head.weight.dtype)).float()  # p at positions 1..T-1
-            tgt_p = tgt_logits.softmax(-1)
             tgt_top = tgt_logits.argmax(-1)
+            if vocab_ids is not None:  # p restricted to the draft vocabulary, where its top-1 lies in it
+                keep = self.draft.t2d[tgt_top].float()
+                tgt_logits = tgt_logits[..., vocab_ids]
+            tgt_p = tgt_logits.softmax(-1)
         x = feats[:, :-1]
         if noise and self.noise > 0:
             x = x + (torch.rand_like(x) - 0.5) * self.noise
-        cache = DynamicCache(config=self.draft.body.config) if self.ttt_steps > 1 else None
+        cache = DynamicCache(config=self.draft.cache_config) if self.ttt_steps > 1 else None
         total, out = 0.0, {}
         for i in range(self.ttt_steps):
             valid = n - i  # pairs whose step-i target exists
@@ -205,13 +232,18 @@ class EagleLoss(nn.Module):
                               position_ids=(torch.arange(n, device=ids.device) + i)[None])
             pred = self.draft(x, tok, cache=cache, **kwargs)  # (B, n, H): predicts f_{t+1+i}
             hit = pred[:, :valid]
-            logp = head(hit.to(head.weight.dtype)).float().log_softmax(-1)
-            ce = -(tgt_p[:, i:] * logp).sum(-1).mean()
+            if hasattr(self.draft, "draft_logits"):  # reference layouts: over the draft vocabulary
+                logp = self.draft.draft_logits(hit, head).float().log_softmax(-1)
+            else:
+                logp = head(hit.to(head.weight.dtype)).float().log_softmax(-1)
+            ce = -(tgt_p[:, i:] * logp).sum(-1)
+            ce = ce.mean() if vocab_ids is None else (ce * keep[:, i:]).sum() / keep[:, i:].sum().clamp_min(1.0)
             feat = F.smooth_l1_loss(hit.float(), last[:, 1 + i:].float())
             w = self.decay ** i
             total = total + w * (self.tw * ce + (self.fw * feat if self.fw else 0.0))
             with torch.no_grad():
-                out[f"acc_{i}"] = (logp.argmax(-1) == tgt_top[:, i:]).float().mean()
+                top = logp.argmax(-1) if vocab_ids is None else vocab_ids[logp.argmax(-1)]
+                out[f"acc_{i}"] = (top == tgt_top[:, i:]).float().mean()
             out[f"token_loss_{i}"], out[f"feature_loss_{i}"] = ce.detach(), feat.detach()
             x = pred  # the next unrolled step reads the draft's own features
         out["loss"] = total
@@ -224,13 +256,10 @@ def heldout_accuracy(loss_fn: EagleLoss, source: FeatureSource, stream: torch.Te
     """Draft top-1 agreement with the target (per unrolled step) over consecutive held-out blocks."""
     was = loss_fn.training
     loss_fn.eval()
-    n = min(blocks, (stream.numel() - 1) // seq_len)
     sums: dict[str, float] = {}
     count = 0
-    for i in range(0, n, 8):
-        rows = torch.stack([stream[j * seq_len:(j + 1) * seq_len] for j in range(i, min(n, i + 8))]).long()
-        ids, feats, last = source.compute(rows.to(source.target.device))
-        res = loss_fn(ids, feats, last, noise=False)
+    for rows in heldout_batches(stream, seq_len, blocks, source.target.device):
+        res = loss_fn(*source.compute(rows), noise=False)
         for k, v in res.items():
             sums[k] = sums.get(k, 0.0) + float(v) * rows.shape[0]
         count += rows.shape[0]
@@ -263,97 +292,85 @@ def measure_tau(target, draft, stream: torch.Tensor, prompts: int, new_tokens: i
 
 def main(argv=None):
     cfg = parse_config(EagleTrainConfig, argv, description=__doc__)
-    if cfg.ttt_steps < 1:
-        raise ValueError(f"ttt_steps must be >= 1, got {cfg.ttt_steps}")
-    acc = make_accelerator(cfg, "draftkit-eagle")
-    tokenizer = AutoTokenizer.from_pretrained(cfg.target)
-    target = AutoModelForCausalLM.from_pretrained(cfg.target, dtype=torch.float32).to(acc.device).eval()
-    target.requires_grad_(False)
-    if target.get_output_embeddings().weight.shape[0] < len(tokenizer):
-        raise ValueError(f"tokenizer of {cfg.target} has {len(tokenizer)} tokens but the model only "
-                         f"{target.get_output_embeddings().weight.shape[0]} outputs")
-    with acc.main_process_first():  # the main process writes the shared caches, the others read them
-        corpus = build_corpus(cfg.corpus, cfg.text_column)
-        train_stream, heldout_stream = token_streams(cfg, corpus, tokenizer)
-    acc.print(f"corpus {corpus.source}: {train_stream.numel():,} train / {heldout_stream.numel():,} held-out tokens")
+    target_path = resolve_model(cfg.target, "target")
+    with Loop(cfg, "draftkit-eagle") as loop:
+        acc = loop.acc
+        tokenizer = AutoTokenizer.from_pretrained(target_path)
+        target = AutoModelForCausalLM.from_pretrained(target_path, dtype=torch.float32).to(acc.device).eval()
+        target.requires_grad_(False)
+        vocab = target.get_output_embeddings().weight.shape[0]
+        if vocab < len(tokenizer):
+            raise TrainError(f"tokenizer of {cfg.target} has {len(tokenizer)} tokens but the model only {vocab} outputs")
+        corpus, train_stream, heldout_stream = load_streams(cfg, tokenizer, acc)
 
-    torch.manual_seed(cfg.seed)
-    draft = EagleDraftModel.from_target(target, cfg.feature_layers, cfg.init_from_target)
-    draft.config.target_name = cfg.target
-    n_params = sum(p.numel() for p in draft.parameters())
-    acc.print(f"EAGLE draft: {n_params:,} parameters, features from hidden states {draft.config.feature_layers}, "
-              f"ttt_steps {cfg.ttt_steps}")
+        torch.manual_seed(cfg.seed)
+        draft_ids = None
+        if cfg.layout == "reference":
+            n = cfg.draft_vocab_size
+            if n == 0:
+                n = max(1, vocab // 4) if len(cfg.feature_layers) > 1 else vocab
+            if 0 < n < vocab:
+                draft_ids = frequent_tokens(train_stream, vocab, n)
+        draft = make_draft(target, cfg.feature_layers, cfg.layout, draft_ids, cfg.init_from_target)
+        draft.config.target_name = target_path
+        n_params = sum(p.numel() for p in draft.parameters())
+        acc.print(f"EAGLE draft ({cfg.layout} layout): {n_params:,} parameters, features from hidden states "
+                  f"{draft.config.feature_layers}, draft vocabulary {draft.config.draft_vocab_size or 'full'}, "
+                  f"ttt_steps {cfg.ttt_steps}")
 
-    seed = cfg.seed + acc.process_index
-    need_key = cfg.regenerate or cfg.cache_features
-    tfp = target_fingerprint(target) if need_key else ""
-    if cfg.regenerate:
-        rkey = _digest(tfp, corpus.fingerprint, cfg.seq_len, cfg.regen_blocks, cfg.regen_prompt_len,
-                       cfg.regen_temperature, cfg.seed)
-        with acc.main_process_first():
-            pool = regenerate_pool(cfg, target, train_stream, tokenizer.eos_token_id, rkey, acc)
-        sampler, data_key = RowSampler(pool, cfg.batch_size, seed), rkey
-    else:
-        sampler, data_key = BlockSampler(train_stream, cfg.seq_len, cfg.batch_size, seed), corpus.fingerprint
-    fkey = _digest(tfp, data_key, cfg.seq_len, cfg.batch_size, seed, draft.config.feature_layers,
-                   cfg.feature_cache_batches or cfg.max_steps) if cfg.cache_features else None
-    source = FeatureSource(cfg, target, draft.config, sampler, fkey)
+        seed = loop.data_seed
+        tfp = target_fingerprint(target) if cfg.regenerate or cfg.cache_features else ""
+        if cfg.regenerate:
+            rkey = _digest(tfp, corpus.fingerprint, cfg.seq_len, cfg.regen_blocks, cfg.regen_prompt_len,
+                           cfg.regen_temperature, cfg.seed)
+            with acc.main_process_first():
+                pool = regenerate_pool(cfg, target, train_stream, tokenizer.eos_token_id, rkey, acc)
+            sampler, data_key = RowSampler(pool, cfg.batch_size, seed), rkey
+        else:
+            sampler, data_key = BlockSampler(train_stream, cfg.seq_len, cfg.batch_size, seed), corpus.fingerprint
+        cycle = cfg.feature_cache_batches or cfg.max_steps * cfg.gradient_accumulation_steps
+        fkey = _digest(tfp, data_key, cfg.seq_len, cfg.batch_size, seed, draft.config.feature_layers,
+                       cycle) if cfg.cache_features else None
+        source = FeatureSource(cfg, target, draft.config, sampler, fkey)
 
-    loss_fn = EagleLoss(draft, target, cfg)
-    opt = torch.optim.AdamW(draft.parameters(), lr=cfg.lr, betas=tuple(cfg.betas), weight_decay=cfg.weight_decay)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: cosine_lr(s, cfg.max_steps, cfg.warmup_steps))
-    loss_fn, opt, sched = acc.prepare(loss_fn, opt, sched)
-    ckpts = Checkpoints(cfg.output_dir)
-    start = ckpts.resume(acc)
+        (loss_fn,) = loop.prepare(EagleLoss(draft, target, cfg))
 
-    history = []
-    bar = tqdm(range(start, cfg.max_steps), initial=start, total=cfg.max_steps, desc="eagle",
-               disable=not acc.is_local_main_process)
-    for step in bar:
-        ids, feats, last = source.get(step)
-        res = loss_fn(ids.to(acc.device), feats.to(acc.device), last.to(acc.device))
-        acc.backward(res["loss"])
-        acc.clip_grad_norm_(loss_fn.parameters(), cfg.grad_clip)
-        opt.step(); sched.step(); opt.zero_grad(set_to_none=True)
-        metrics = {f"train/{k}": float(v.detach()) for k, v in res.items()}
-        metrics["train/lr"] = sched.get_last_lr()[0]
-        if (step + 1) % cfg.eval_every == 0 and step + 1 < cfg.max_steps:
-            ev = heldout_accuracy(acc.unwrap_model(loss_fn), source, heldout_stream, cfg.seq_len, cfg.eval_blocks)
-            metrics.update({f"heldout/{k}": v for k, v in ev.items()})
-        acc.log(metrics, step=step + 1)
-        history.append({k[6:]: v for k, v in metrics.items() if k.startswith("train/")})
-        bar.set_postfix(loss=f"{metrics['train/loss']:.3f}", acc=f"{metrics['train/acc_0']:.2f}")
-        if (step + 1) % cfg.checkpoint_every == 0 and step + 1 < cfg.max_steps:
-            ckpts.save(acc, step + 1)
+        def step_loss(i):
+            ids, feats, last = source.get(i)
+            res = loss_fn(ids.to(acc.device), feats.to(acc.device), last.to(acc.device))
+            return res.pop("loss"), res
 
-    model = acc.unwrap_model(loss_fn)
-    final = heldout_accuracy(model, source, heldout_stream, cfg.seq_len, cfg.eval_blocks)
-    acc.log({f"heldout/{k}": v for k, v in final.items()}, step=cfg.max_steps)
-    report = {}
-    if acc.is_main_process:
-        out = cfg.export_dir or os.path.join(cfg.output_dir, "final")
-        model.draft.save_pretrained(out)
-        decode = measure_tau(target, model.draft, heldout_stream, cfg.eval_tau_prompts, cfg.eval_new_tokens)
-        model.draft.float().train()
-        if decode:
-            acc.log({"heldout/tau": decode["tau"]}, step=cfg.max_steps)
-        report = {
-            "heldout_top1": final.get("acc_0"),
-            "heldout_top1_by_step": [final[f"acc_{i}"] for i in range(cfg.ttt_steps) if f"acc_{i}" in final],
-            "heldout_token_loss": final.get("token_loss_0"), "heldout_feature_loss": final.get("feature_loss_0"),
-            **decode,
-            "params": n_params, "steps": cfg.max_steps, "resumed_from": start,
-            "first_train": history[0] if history else None, "last_train": history[-1] if history else None,
-            "feature_layers": model.draft.config.feature_layers, "ttt_steps": cfg.ttt_steps,
-            "target": cfg.target, "corpus": corpus.source, "corpus_fingerprint": corpus.fingerprint,
-            "regenerated": cfg.regenerate, "output": out,
-        }
-        with open(os.path.join(out, "train_report.json"), "w") as fh:
-            json.dump(report, fh, indent=2)
-        acc.print(json.dumps(report))
-    finish(acc)
+        def evaluate():
+            return heldout_accuracy(loop.unwrap(loss_fn), source, heldout_stream, cfg.seq_len, cfg.eval_blocks)
+
+        result = loop.run(step_loss, evaluate, desc="eagle", show=("acc_0",))
+        history = result.history
+        if result.stopped:
+            return {"resumed_from": result.start_step, "stopped_at": result.step, "history": history}
+        final, model = result.final, loop.unwrap(loss_fn)
+        report = {}
+        if acc.is_main_process:
+            out = loop.final_dir
+            model.draft.save_pretrained(out)
+            decode = measure_tau(target, model.draft, heldout_stream, cfg.eval_tau_prompts, cfg.eval_new_tokens)
+            model.draft.float().train()
+            if decode:
+                loop.log({"heldout/tau": decode["tau"]}, step=cfg.max_steps)
+            report = {
+                "heldout_top1": final.get("acc_0"),
+                "heldout_top1_by_step": [final[f"acc_{i}"] for i in range(cfg.ttt_steps) if f"acc_{i}" in final],
+                "heldout_token_loss": final.get("token_loss_0"), "heldout_feature_loss": final.get("feature_loss_0"),
+                **decode,
+                "params": n_params, "steps": cfg.max_steps, "resumed_from": result.start_step,
+                "first_train": history[0] if history else None, "last_train": history[-1] if history else None,
+                "feature_layers": model.draft.config.feature_layers, "ttt_steps": cfg.ttt_steps,
+                "layout": cfg.layout, "draft_vocab_size": model.draft.config.draft_vocab_size or None,
+                "target": target_path, "corpus": corpus.source, "corpus_fingerprint": corpus.fingerprint,
+                "regenerated": cfg.regenerate, "output": out,
+            }
+            loop.write_report(report)
     return {**report, "history": history}
 
 
 if __name__ == "__main__":
-    main()
+    cli(main)

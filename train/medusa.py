@@ -1,6 +1,6 @@
 """Train Medusa heads for a target (Medusa-1: frozen target; Medusa-2: joint LoRA fine-tune).
 
-    accelerate launch train/medusa.py --config recipes/medusa/medusa1.yaml
+    accelerate launch --config_file recipes/accelerate/single.yaml train/medusa.py --config recipes/medusa/medusa1.yaml
     python train/medusa.py --config recipes/medusa/medusa1.yaml          # one CPU
 
 Head k (0-based) reads the target's final hidden state h_t and predicts token
@@ -17,8 +17,8 @@ generated from windows of the train split (generated once, cached in output_dir)
 At the end, per-head top-k accuracies (k <= eval_top_k) are measured on held-out blocks, the
 tree of head choices is built from them (tree_size nodes) and everything is written to
 export_dir (default output_dir/final) in the format drafters/medusa.py loads; Medusa-2 also
-writes its LoRA adapter there. Killed and started again with the same command, it resumes
-from its last checkpoint.
+writes its LoRA adapter there. The target defaults to the shipped one (zoo/target). The loop
+(train/loop.py) resumes a killed run from its last checkpoint.
 """
 from __future__ import annotations
 
@@ -37,29 +37,27 @@ from tqdm import tqdm  # noqa: E402
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache  # noqa: E402
 
 from drafters.medusa import MedusaHeads, build_tree_choices, expected_accepted, save_medusa  # noqa: E402
-from train.common import Checkpoints, DataConfig, cosine_lr, field, finish, make_accelerator, parse_config  # noqa: E402
-from train.data import BlockSampler, build_corpus, token_streams  # noqa: E402
+from train.config import TrainConfig, TrainError, field, parse_config, resolve_model, shared  # noqa: E402
+from train.data import BlockSampler, heldout_batches, load_streams  # noqa: E402
+from train.loop import Loop, cli  # noqa: E402
 
 
 @dataclass
-class MedusaConfig(DataConfig):
-    target: str = field("runs/target/final", "the target model (a Hugging Face folder or hub name)")
+class MedusaConfig(TrainConfig):
+    target: str = field("default", "the target model: a folder, a hub id, or default (the shipped target)")
     tokenizer_dir: str = field("", "tokenizer (empty: the target's folder)")
     mode: str = field("medusa1", "medusa1 (frozen target) or medusa2 (joint LoRA fine-tune of the target)")
     num_heads: int = field(4, "Medusa heads (head k predicts the token k + 2 ahead of its position)")
     num_layers: int = field(1, "ResBlocks per head")
     share_lm_head: bool = field(False, "use the target's frozen LM head as every head's projection")
-    init_heads: str = field("", "a Medusa folder to start the heads from (e.g. a Medusa-1 run for Medusa-2)")
-    lr: float = field(1e-3, "peak learning rate (AdamW, cosine); the heads' LR in medusa1, LoRA's in medusa2")
+    init_heads: str = field("", "a Medusa folder to start the heads from (e.g. a Medusa-1 run for Medusa-2; "
+                                "default: the shipped Medusa-1 heads, made for the shipped target)")
+    lr: float = field(1e-3, "peak learning rate (AdamW); the heads' LR in medusa1, LoRA's in medusa2")
     head_lr_multiplier: float = field(4.0, "medusa2: the heads' LR is lr times this")
-    weight_decay: float = field(0.0, "AdamW weight decay")
-    warmup_ratio: float = field(0.1, "linear warmup as a fraction of max_steps")
-    max_steps: int = field(500, "optimizer steps in total")
-    grad_clip: float = field(1.0, "gradient norm clip")
     lora_r: int = field(8, "medusa2: LoRA rank")
     lora_alpha: int = field(16, "medusa2: LoRA alpha")
     lora_dropout: float = field(0.0, "medusa2: LoRA dropout")
-    lora_targets: list = field(["q_proj", "v_proj"], "medusa2: module names that get LoRA adapters")
+    lora_targets: list[str] = field(["q_proj", "v_proj"], "medusa2: module names that get LoRA adapters")
     target_loss: str = field("kl", "medusa2: kl (KL(original || fine-tuned), self-distillation) or lm (next-token CE)")
     kl_weight: float = field(1.0, "medusa2: weight of the target's own loss (KL or LM)")
     head_weight: float = field(0.2, "medusa2: weight of the head losses")
@@ -71,24 +69,24 @@ class MedusaConfig(DataConfig):
     distill_gen_len: int = field(192, "tokens generated per window")
     distill_temperature: float = field(0.0, "0: greedy generation, else sampling temperature")
     distill_batch: int = field(32, "windows generated together")
-    eval_every: int = field(100, "held-out head accuracy every N steps")
-    eval_blocks: int = field(64, "held-out blocks per evaluation")
     eval_top_k: int = field(10, "top-k accuracies measured per head (the tree's widest rank)")
     tree_size: int = field(32, "nodes in the Medusa tree built from the held-out accuracies")
-    checkpoint_every: int = field(100, "checkpoint every N steps (the most work an interruption loses)")
-    output_dir: str = field("runs/medusa1", "checkpoints, W&B run and logs")
-    export_dir: str = field("", "where the heads, tree and adapter are saved (empty: output_dir/final)")
-    seed: int = field(0, "seed for init and data order")
+    output_dir: str = shared("output_dir", "runs/medusa1")
+    max_steps: int = shared("max_steps", 500)
+    warmup_ratio: float = shared("warmup_ratio", 0.1)
+    eval_every: int = shared("eval_every", 100)
+    eval_blocks: int = shared("eval_blocks", 64)
 
     def __post_init__(self):
+        super().__post_init__()
         if self.mode not in ("medusa1", "medusa2"):
-            raise ValueError(f"mode must be 'medusa1' or 'medusa2', got {self.mode!r}")
+            raise TrainError(f"mode must be 'medusa1' or 'medusa2', got {self.mode!r}")
         if self.target_loss not in ("kl", "lm"):
-            raise ValueError(f"target_loss must be 'kl' or 'lm', got {self.target_loss!r}")
+            raise TrainError(f"target_loss must be 'kl' or 'lm', got {self.target_loss!r}")
         if self.seq_len < self.num_heads + 3:
-            raise ValueError(f"seq_len {self.seq_len} is too short for {self.num_heads} heads")
+            raise TrainError(f"seq_len {self.seq_len} is too short for {self.num_heads} heads")
         if not 0.0 <= self.distill_fraction <= 1.0:
-            raise ValueError(f"distill_fraction must be in [0, 1], got {self.distill_fraction}")
+            raise TrainError(f"distill_fraction must be in [0, 1], got {self.distill_fraction}")
 
 
 # ----------------------------------------------------------------------------- losses and metrics
@@ -125,8 +123,7 @@ def kl_to_reference(logits: torch.Tensor, ref_logits: torch.Tensor) -> torch.Ten
 
 
 @torch.no_grad()
-def evaluate(target, heads, stream: torch.Tensor, seq_len: int, blocks: int, top_k: int = 10,
-             batch_size: int = 8) -> dict:
+def evaluate_heads(target, heads, stream: torch.Tensor, seq_len: int, blocks: int, top_k: int = 10) -> dict:
     """Held-out head losses, per-rank and cumulative top-k accuracies, and the target's LM loss.
 
     per_rank[k][r]: share of positions where the right token is head k's rank-r guess.
@@ -135,22 +132,17 @@ def evaluate(target, heads, stream: torch.Tensor, seq_len: int, blocks: int, top
     was_training = heads.training, target.training
     heads.eval(), target.eval()
     device = next(heads.parameters()).device
-    n = min(blocks, (stream.numel() - 1) // seq_len)
-    if n < 1:
-        raise ValueError(f"held-out stream of {stream.numel()} tokens holds no block of {seq_len}")
     K = heads.num_heads
     rank_hits = torch.zeros(K, top_k)
     counts = torch.zeros(K)
     loss_sum = torch.zeros(K)
-    lm_sum, lm_n = 0.0, 0
-    for i in range(0, n, batch_size):
-        rows = [stream[j * seq_len:(j + 1) * seq_len] for j in range(i, min(n, i + batch_size))]
-        batch = torch.stack(rows).long().to(device)
+    lm_sum, lm_n, n = 0.0, 0, 0
+    for batch in heldout_batches(stream, seq_len, blocks, device):
         out = target(input_ids=batch, output_hidden_states=True)
         hidden = out.hidden_states[-1]
         lm = F.cross_entropy(out.logits[:, :-1].reshape(-1, out.logits.shape[-1]).float(), batch[:, 1:].reshape(-1),
                              reduction="sum")
-        lm_sum, lm_n = lm_sum + lm.item(), lm_n + batch[:, 1:].numel()
+        lm_sum, lm_n, n = lm_sum + lm.item(), lm_n + batch[:, 1:].numel(), n + batch.shape[0]
         for k, (logits, labels) in enumerate(head_outputs(heads, hidden.to(device), batch)):
             loss_sum[k] += F.cross_entropy(logits.float(), labels, reduction="sum").item()
             counts[k] += labels.numel()
@@ -162,21 +154,17 @@ def evaluate(target, heads, stream: torch.Tensor, seq_len: int, blocks: int, top
             "topk": per_rank.cumsum(-1).tolist(), "target_loss": lm_sum / lm_n, "blocks": n}
 
 
-def eval_metrics(res: dict, prefix: str = "heldout") -> dict:
-    m = {f"{prefix}/target_loss": res["target_loss"]}
+def eval_metrics(res: dict) -> dict:
+    """The scalars of an evaluate() result, for logging."""
+    m = {"target_loss": res["target_loss"], "head_loss": sum(res["head_loss"])}
     for k, loss in enumerate(res["head_loss"]):
-        m[f"{prefix}/head{k}_loss"] = loss
-        m[f"{prefix}/head{k}_top1"] = res["topk"][k][0]
-        m[f"{prefix}/head{k}_top5"] = res["topk"][k][min(4, len(res["topk"][k]) - 1)]
-    m[f"{prefix}/head_loss"] = sum(res["head_loss"])
+        m[f"head{k}_loss"] = loss
+        m[f"head{k}_top1"] = res["topk"][k][0]
+        m[f"head{k}_top5"] = res["topk"][k][min(4, len(res["topk"][k]) - 1)]
     return m
 
 
 # ----------------------------------------------------------------------------- data
-
-
-def load_tokenizer(cfg):
-    return AutoTokenizer.from_pretrained(cfg.tokenizer_dir or cfg.target)
 
 
 @torch.no_grad()
@@ -245,11 +233,6 @@ class MixedSampler:
 # ----------------------------------------------------------------------------- models
 
 
-def load_target(cfg, device):
-    target = AutoModelForCausalLM.from_pretrained(cfg.target, dtype=torch.float32)
-    return target.to(device)
-
-
 def make_heads(cfg, target) -> MedusaHeads:
     emb = target.get_output_embeddings()
     torch.manual_seed(cfg.seed)
@@ -261,15 +244,17 @@ def make_heads(cfg, target) -> MedusaHeads:
     if cfg.init_heads:
         from safetensors.torch import load_file
 
-        src = os.path.join(cfg.init_heads, "model.safetensors")
+        folder = resolve_model(cfg.init_heads, "medusa", "--init_heads")
+        src = os.path.join(folder, "model.safetensors")
         if not os.path.exists(src):
-            raise FileNotFoundError(f"init_heads: {src} does not exist (train Medusa-1 first, or set --init_heads '')")
-        with open(os.path.join(cfg.init_heads, "config.json")) as fh:
+            raise TrainError(f"--init_heads {cfg.init_heads}: {src} does not exist (train Medusa-1 first, or pass "
+                             "--init_heads '' for new heads)")
+        with open(os.path.join(folder, "config.json")) as fh:
             icfg = json.load(fh)
         want = heads.config()
         if any(icfg.get(k) != v for k, v in want.items()):
-            raise ValueError(f"init_heads {cfg.init_heads} has heads {({k: icfg.get(k) for k in want})}, "
-                             f"this run wants {want}")
+            raise TrainError(f"--init_heads {cfg.init_heads} has heads {({k: icfg.get(k) for k in want})}, this run "
+                             f"wants {want} (pass --init_heads '' for new heads, or heads made for this target)")
         heads.load_state_dict({k: v.float() for k, v in load_file(src).items()})
     return heads.to(emb.weight.device)
 
@@ -291,133 +276,108 @@ def count_trainable(*modules) -> int:
 
 def main(argv=None):
     cfg = parse_config(MedusaConfig, argv, description=__doc__)
-    acc = make_accelerator(cfg, f"draftkit-{cfg.mode}")
-    tokenizer = load_tokenizer(cfg)
-    target = load_target(cfg, acc.device)
-    vocab = target.get_output_embeddings().weight.shape[0]
-    if len(tokenizer) > vocab:
-        raise ValueError(f"tokenizer has {len(tokenizer)} tokens but target {cfg.target} only {vocab} outputs")
-    corpus = build_corpus(cfg.corpus, cfg.text_column)
-    train_stream, heldout_stream = token_streams(cfg, corpus, tokenizer)
-    acc.print(f"corpus {corpus.source}: {train_stream.numel():,} train / {heldout_stream.numel():,} held-out tokens")
-
+    target_path = resolve_model(cfg.target, "target")
     medusa2 = cfg.mode == "medusa2"
-    target.requires_grad_(False).eval()
-    distilled = distill_stream(cfg, acc, target, train_stream) if cfg.self_distill else None
-    heads = make_heads(cfg, target)
-    if medusa2:
-        target = add_lora(cfg, target)
-        target.train()
-        groups = [{"params": [p for p in target.parameters() if p.requires_grad], "lr": cfg.lr},
-                  {"params": list(heads.parameters()), "lr": cfg.lr * cfg.head_lr_multiplier}]
-    else:
-        groups = [{"params": list(heads.parameters()), "lr": cfg.lr}]
-    n_trainable = count_trainable(heads, target)
-    opt = torch.optim.AdamW(groups, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
-    warmup = int(cfg.warmup_ratio * cfg.max_steps)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: cosine_lr(s, cfg.max_steps, warmup))
-    if medusa2:
-        heads, target, opt, sched = acc.prepare(heads, target, opt, sched)
-    else:
-        heads, opt, sched = acc.prepare(heads, opt, sched)
-    ckpts = Checkpoints(cfg.output_dir)
-    start = ckpts.resume(acc)
-    sampler = MixedSampler(train_stream, distilled, cfg, cfg.seed + acc.process_index)
-    plain = acc.unwrap_model(target)
-
-    def reference_logits(batch):
-        with torch.no_grad(), plain.disable_adapter():
-            return plain(input_ids=batch).logits
-
-    initial = None
-    if start == 0:
-        initial = evaluate(plain, acc.unwrap_model(heads), heldout_stream, cfg.seq_len, cfg.eval_blocks, 5)
-        acc.log(eval_metrics(initial), step=0)
-        acc.print(f"before training: held-out head losses {[round(x, 3) for x in initial['head_loss']]}")
-
-    bar = tqdm(range(start, cfg.max_steps), initial=start, total=cfg.max_steps, desc=cfg.mode,
-               disable=not acc.is_local_main_process)
-    t0 = time.perf_counter()
-    for step in bar:
-        batch = sampler.batch(step).to(acc.device)
-        metrics = {}
+    with Loop(cfg, f"draftkit-{cfg.mode}") as loop:
+        acc = loop.acc
+        tokenizer = AutoTokenizer.from_pretrained(cfg.tokenizer_dir or target_path)
+        target = AutoModelForCausalLM.from_pretrained(target_path, dtype=torch.float32).to(acc.device)
+        vocab = target.get_output_embeddings().weight.shape[0]
+        if len(tokenizer) > vocab:
+            raise TrainError(f"tokenizer has {len(tokenizer)} tokens but target {cfg.target} only {vocab} outputs")
+        corpus, train_stream, heldout_stream = load_streams(cfg, tokenizer, acc)
+        target.requires_grad_(False).eval()
+        distilled = distill_stream(cfg, acc, target, train_stream) if cfg.self_distill else None
+        heads = make_heads(cfg, target)
         if medusa2:
-            out = target(input_ids=batch, output_hidden_states=True)
-            if cfg.target_loss == "kl":
-                own = kl_to_reference(out.logits, reference_logits(batch))
-            else:
-                own = F.cross_entropy(out.logits[:, :-1].reshape(-1, vocab).float(), batch[:, 1:].reshape(-1))
-            losses, hm = head_losses(heads, out.hidden_states[-1], batch)
-            head_total = sum(cfg.head_decay ** k * cfg.head_weight * l for k, l in enumerate(losses))
-            loss = cfg.kl_weight * own + head_total
-            metrics[f"train/target_{cfg.target_loss}"] = own.item()
-            metrics["train/head_loss_weighted"] = head_total.item()
-            params = list(heads.parameters()) + [p for p in target.parameters() if p.requires_grad]
+            target = add_lora(cfg, target)
+            target.train()
+            groups = [{"params": [p for p in target.parameters() if p.requires_grad], "lr": cfg.lr},
+                      {"params": list(heads.parameters()), "lr": cfg.lr * cfg.head_lr_multiplier}]
+            heads, target = loop.prepare(heads, target, param_groups=groups)
         else:
-            with torch.no_grad():
-                hidden = target(input_ids=batch, output_hidden_states=True).hidden_states[-1]
-            losses, hm = head_losses(heads, hidden, batch)
-            loss = sum(losses)
-            params = list(heads.parameters())
-        acc.backward(loss)
-        acc.clip_grad_norm_(params, cfg.grad_clip)
-        opt.step(); sched.step(); opt.zero_grad(set_to_none=True)
-        metrics.update({f"train/{k}": v for k, v in hm.items()})
-        metrics.update({"train/loss": loss.item(), "train/head_loss": sum(l.item() for l in losses),
-                        "train/lr": sched.get_last_lr()[0]})
-        if (step + 1) % cfg.eval_every == 0 and step + 1 < cfg.max_steps:
-            res = evaluate(plain, acc.unwrap_model(heads), heldout_stream, cfg.seq_len, cfg.eval_blocks, 5)
-            metrics.update(eval_metrics(res))
-        acc.log(metrics, step=step + 1)
-        bar.set_postfix(loss=f"{metrics['train/loss']:.3f}", top1=f"{hm['head0_top1']:.2f}")
-        if (step + 1) % cfg.checkpoint_every == 0 or step + 1 == cfg.max_steps:
-            ckpts.save(acc, step + 1)
-    train_s = time.perf_counter() - t0
+            (heads,) = loop.prepare(heads)
+        n_trainable = count_trainable(heads, target)
+        sampler = MixedSampler(train_stream, distilled, cfg, loop.data_seed)
+        plain = loop.unwrap(target)
 
-    # final evaluation, tree and export
-    heads_final = acc.unwrap_model(heads).eval()
-    plain.eval()
-    res = evaluate(plain, heads_final, heldout_stream, cfg.seq_len, cfg.eval_blocks, cfg.eval_top_k)
-    acc.log(eval_metrics(res, "final"), step=cfg.max_steps)
-    choices = build_tree_choices(res["per_rank"], cfg.tree_size)
-    report = {
-        "mode": cfg.mode, "steps": cfg.max_steps, "resumed_from": start,
-        "train_seconds": round(train_s, 1), "trainable_params": n_trainable,
-        "head_top1": [r[0] for r in res["topk"]], "head_top5": [r[min(4, cfg.eval_top_k - 1)] for r in res["topk"]],
-        "heldout_head_loss": res["head_loss"],
-        "initial_heldout_head_loss": initial["head_loss"] if initial else None,
-        "heldout_target_loss": res["target_loss"],
-        "tree_size": len(choices), "expected_accepted": expected_accepted(choices, res["per_rank"]),
-        "heldout_blocks": res["blocks"], "corpus": corpus.source, "corpus_fingerprint": corpus.fingerprint,
-        "target": cfg.target, "self_distill": cfg.self_distill,
-    }
-    if medusa2:
-        with plain.disable_adapter():
-            report["heldout_target_loss_original"] = evaluate(plain, heads_final, heldout_stream, cfg.seq_len,
-                                                              cfg.eval_blocks, 1)["target_loss"]
-    out_dir = cfg.export_dir or os.path.join(cfg.output_dir, "final")
-    if acc.is_main_process:
-        base = plain.get_base_model() if medusa2 else plain
-        save_medusa(out_dir, heads_final, choices, base, accuracies=res["per_rank"],
-                    extra_config={"mode": cfg.mode, "target": {
-                        "name": cfg.target, "hidden_size": base.config.hidden_size, "vocab_size": vocab,
-                        "num_layers": getattr(base.config, "num_hidden_layers", None),
-                        "model_type": base.config.model_type},
-                        "train_config": asdict(cfg)},
-                    metrics={"heldout_topk": res["topk"], "heldout_head_loss": res["head_loss"],
-                             "heldout_target_loss": res["target_loss"]})
+        def evaluate(top_k=cfg.eval_top_k):
+            res = evaluate_heads(plain, loop.unwrap(heads), heldout_stream, cfg.seq_len, cfg.eval_blocks, top_k)
+            return {**eval_metrics(res), "result": res}
+
+        initial = None
+        if loop.start_step == 0:
+            initial = evaluate(5)["result"]
+            loop.log({f"heldout/{k}": v for k, v in eval_metrics(initial).items()}, step=0)
+            acc.print(f"before training: held-out head losses {[round(x, 3) for x in initial['head_loss']]}")
+
+        def step_loss(i):
+            batch = sampler.batch(i).to(acc.device)
+            metrics = {}
+            if medusa2:
+                out = target(input_ids=batch, output_hidden_states=True)
+                if cfg.target_loss == "kl":
+                    with torch.no_grad(), plain.disable_adapter():
+                        reference = plain(input_ids=batch).logits  # the original target's p
+                    own = kl_to_reference(out.logits, reference)
+                else:
+                    own = F.cross_entropy(out.logits[:, :-1].reshape(-1, vocab).float(), batch[:, 1:].reshape(-1))
+                losses, hm = head_losses(heads, out.hidden_states[-1], batch)
+                head_total = sum(cfg.head_decay ** k * cfg.head_weight * l for k, l in enumerate(losses))
+                metrics[f"target_{cfg.target_loss}"] = own.detach()
+                metrics["head_loss_weighted"] = head_total.detach()
+                loss = cfg.kl_weight * own + head_total
+            else:
+                with torch.no_grad():
+                    hidden = target(input_ids=batch, output_hidden_states=True).hidden_states[-1]
+                losses, hm = head_losses(heads, hidden, batch)
+                loss = sum(losses)
+            return loss, {**metrics, **hm, "head_loss": sum(l.item() for l in losses)}
+
+        result = loop.run(step_loss, evaluate, desc=cfg.mode, show=("head0_top1",))
+        if result.stopped:
+            return {"resumed_from": result.start_step, "stopped_at": result.step, "history": result.history}
+
+        # the tree and the export, from the final held-out accuracies
+        res = result.final["result"]
+        heads_final = loop.unwrap(heads).eval()
+        plain.eval()
+        choices = build_tree_choices(res["per_rank"], cfg.tree_size)
+        report = {
+            "mode": cfg.mode, "steps": cfg.max_steps, "resumed_from": result.start_step,
+            "train_seconds": round(result.seconds, 1), "trainable_params": n_trainable,
+            "head_top1": [r[0] for r in res["topk"]], "head_top5": [r[min(4, cfg.eval_top_k - 1)] for r in res["topk"]],
+            "heldout_head_loss": res["head_loss"],
+            "initial_heldout_head_loss": initial["head_loss"] if initial else None,
+            "heldout_target_loss": res["target_loss"],
+            "tree_size": len(choices), "expected_accepted": expected_accepted(choices, res["per_rank"]),
+            "heldout_blocks": res["blocks"], "corpus": corpus.source, "corpus_fingerprint": corpus.fingerprint,
+            "target": target_path, "self_distill": cfg.self_distill,
+        }
         if medusa2:
-            plain.save_pretrained(out_dir)
-        tokenizer.save_pretrained(out_dir)
+            with plain.disable_adapter():
+                report["heldout_target_loss_original"] = evaluate_heads(
+                    plain, heads_final, heldout_stream, cfg.seq_len, cfg.eval_blocks, 1)["target_loss"]
+        out_dir = loop.final_dir
+        if acc.is_main_process:
+            base = plain.get_base_model() if medusa2 else plain
+            save_medusa(out_dir, heads_final, choices, base, accuracies=res["per_rank"],
+                        extra_config={"mode": cfg.mode, "target": {
+                            "name": target_path, "hidden_size": base.config.hidden_size, "vocab_size": vocab,
+                            "num_layers": getattr(base.config, "num_hidden_layers", None),
+                            "model_type": base.config.model_type},
+                            "train_config": asdict(cfg)},
+                        metrics={"heldout_topk": res["topk"], "heldout_head_loss": res["head_loss"],
+                                 "heldout_target_loss": res["target_loss"]})
+            if medusa2:
+                plain.save_pretrained(out_dir)
+            tokenizer.save_pretrained(out_dir)
         report["export_dir"] = out_dir
-        with open(os.path.join(out_dir, "train_report.json"), "w") as fh:
-            json.dump(report, fh, indent=2)
-        acc.print(json.dumps(report))
-    finish(acc)
-    return report
+        loop.write_report(report)
+    return {**report, "history": result.history}
 
 
-__all__ = ["MedusaConfig", "main", "evaluate", "head_losses", "head_outputs", "kl_to_reference", "generate_batch"]
+__all__ = ["MedusaConfig", "main", "evaluate_heads", "head_losses", "head_outputs", "kl_to_reference", "generate_batch"]
 
 if __name__ == "__main__":
-    main()
+    cli(main)

@@ -1,0 +1,164 @@
+"""Typed recipe configs: one dataclass per recipe, whose fields are both the YAML keys and the flags.
+
+    python train/pretrain.py --config recipes/zoo/target.yaml --max_steps 10    # flags override the YAML
+    python train/pretrain.py --help                                               # every flag, its help, its default
+
+Parsing is transformers' HfArgumentParser: the YAML's values become the parser's defaults, so a flag on
+the command line wins and `--config X --help` shows what X sets. A list field takes a YAML list
+(`--feature_layers "[1, 3, -1]"`, `"[]"` for none) or its items (`--feature_layers 1 3 -1`).
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+from pathlib import Path
+
+import yaml
+from transformers import HfArgumentParser
+
+
+class TrainError(Exception):
+    """A problem with a run's settings or its output folder: reported as one line, without a traceback."""
+
+
+def field(default, help: str):
+    """A config field with help text for --help."""
+    if isinstance(default, (list, dict)):
+        return dataclasses.field(default_factory=lambda: type(default)(default), metadata={"help": help})
+    return dataclasses.field(default=default, metadata={"help": help})
+
+
+@dataclasses.dataclass
+class TrainConfig:
+    """The fields every recipe shares: its data, the loop's optimisation, checkpoints and tracking."""
+
+    corpus: str = field("stdlib", "stdlib (the Python standard library), python (stdlib + draftkit's dependencies), "
+                                  "a folder of .py files, a .txt/.json/.jsonl file, or a hub dataset name")
+    text_column: str = field("text", "text column of a json or hub dataset")
+    cache_dir: str = field("{output_dir}/cache", "where packed token streams (and cached features) are kept; "
+                                                 "{output_dir} is replaced; empty: none")
+    seq_len: int = field(256, "training block length in tokens")
+    batch_size: int = field(8, "blocks per micro-batch (an optimizer step sees batch_size x "
+                               "gradient_accumulation_steps x processes blocks)")
+    output_dir: str = field("runs/train", "everything the run writes: checkpoints, W&B run, caches, final/")
+    export_dir: str = field("", "where the final model is saved (empty: output_dir/final)")
+    max_steps: int = field(1000, "optimizer steps in total (raise it on a finished run to train on from its end)")
+    lr: float = field(1e-3, "peak learning rate (AdamW)")
+    betas: list[float] = field([0.9, 0.95], "AdamW betas")
+    weight_decay: float = field(0.0, "AdamW weight decay")
+    lr_scheduler_type: str = field("cosine_with_min_lr", "a transformers scheduler (get_scheduler): linear, cosine, "
+                                                         "cosine_with_min_lr, constant_with_warmup, ...")
+    min_lr_ratio: float = field(0.1, "cosine_with_min_lr: the final LR as a fraction of the peak")
+    warmup_steps: int = field(0, "linear warmup steps")
+    warmup_ratio: float = field(0.0, "linear warmup as a fraction of max_steps (used when warmup_steps is 0)")
+    grad_clip: float = field(1.0, "gradient norm clip (0: none)")
+    gradient_accumulation_steps: int = field(1, "micro-batches per optimizer step")
+    mixed_precision: str = field("auto", "no, fp16 or bf16; auto: the accelerate config's fp16/bf16 if it sets "
+                                         "one, else bf16 on a GPU that has it, else fp32 (CPUs: fp32 is faster)")
+    eval_every: int = field(200, "held-out evaluation every N steps (and always at the end)")
+    eval_blocks: int = field(32, "held-out blocks per evaluation")
+    checkpoint_every: int = field(100, "checkpoint every N steps, and always at the last step "
+                                       "(the most work an interruption loses)")
+    checkpoint_total_limit: int = field(2, "checkpoints kept (older ones are deleted)")
+    seed: int = field(0, "seed for init, noise and data order")
+    wandb: bool = field(True, "log to Weights & Biases through accelerate (offline unless WANDB_MODE is set)")
+    wandb_project: str = field("", "W&B project (empty: draftkit-<recipe>)")
+    stop_at_step: int = field(0, "stop after this step as if killed (0: run to max_steps); for resume tests")
+
+    def __post_init__(self):
+        self.cache_dir = self.cache_dir.replace("{output_dir}", self.output_dir)
+        if self.max_steps < 1 or self.gradient_accumulation_steps < 1 or self.checkpoint_every < 1:
+            raise TrainError("max_steps, gradient_accumulation_steps and checkpoint_every must be >= 1")
+
+
+_HELP = {f.name: f.metadata["help"] for f in dataclasses.fields(TrainConfig)}
+
+
+def shared(name: str, default):
+    """A TrainConfig field with this recipe's default (and the shared help text)."""
+    return field(default, _HELP[name])
+
+
+class _ListAction(argparse.Action):
+    """Collects a list flag's values; a value that is a YAML list ("[1, 3, -1]", "[]") is spliced in."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        out = []
+        for v in values:
+            out.extend(v if isinstance(v, list) else [v])
+        setattr(namespace, self.dest, out)
+
+
+class RecipeParser(HfArgumentParser):
+    """HfArgumentParser with list flags that also take a YAML list."""
+
+    @staticmethod
+    def _parse_dataclass_field(parser, field):
+        origin = getattr(field.type, "__origin__", None)
+        if origin is not list:
+            return HfArgumentParser._parse_dataclass_field(parser, field)
+        item = field.type.__args__[0]
+
+        def convert(text: str):
+            value = yaml.safe_load(text) if text.startswith("[") else text
+            return [item(x) for x in value] if isinstance(value, list) else item(value)
+
+        names = [f"--{field.name}"] + ([f"--{field.name.replace('_', '-')}"] if "_" in field.name else [])
+        parser.add_argument(*names, nargs="+", type=convert, action=_ListAction,
+                            default=field.default_factory(), help=field.metadata.get("help"))
+
+
+def load_recipe(path: str, cls) -> dict:
+    """The YAML's keys, checked against the recipe's fields (a typo is an error, not a silent default)."""
+    with open(path) as fh:
+        data = yaml.safe_load(fh) or {}
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - names)
+    if unknown:
+        raise ValueError(f"{path}: unknown keys {unknown} for {cls.__name__}; known: {sorted(names)}")
+    return data
+
+
+def parse_config(cls, argv=None, description: str = ""):
+    """Build `cls` from --config YAML, then command-line overrides (argv: default sys.argv[1:])."""
+    parser = RecipeParser(cls, description=description, formatter_class=_Formatter)
+    parser.add_argument("--config", help="YAML recipe under recipes/ (its keys are the flags below; flags win)")
+    pre, _ = _config_flag.parse_known_args(argv)
+    if pre.config:
+        try:
+            parser.set_defaults(**load_recipe(pre.config, cls))
+        except (OSError, ValueError) as err:
+            parser.error(str(err))
+    try:
+        cfg, _ = parser.parse_args_into_dataclasses(argv, look_for_args_file=False)
+    except TrainError as err:
+        parser.error(str(err))
+    return cfg
+
+
+class _Formatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    pass
+
+
+_config_flag = argparse.ArgumentParser(add_help=False)
+_config_flag.add_argument("--config")
+
+
+def resolve_model(name: str, kind: str, flag: str = "--target") -> str:
+    """A model folder or hub id; "default" (or empty) is the shipped zoo's `kind` (target, draft, medusa, ...)."""
+    from draftkit.models import resolve
+    from draftkit.zoo import ZooError
+
+    if name in ("", "default", None):
+        try:
+            path = Path(resolve(None, kind)).resolve()
+        except ZooError as err:
+            raise TrainError(f"{flag} default: {err}") from None
+        return os.path.relpath(path) if path.is_relative_to(Path.cwd().resolve()) else str(path)
+    # hub ids are "name" or "org/name"; anything else (or under an existing folder) is a local path
+    looks_local = name.startswith((".", "/", "~")) or name.count("/") > 1 or os.path.isdir(name.split("/")[0])
+    if looks_local and not os.path.exists(os.path.expanduser(name)):
+        raise TrainError(f"{flag} {name}: no such folder (train it first, or leave {flag} unset for the "
+                         f"shipped {kind})")
+    return name

@@ -1,0 +1,291 @@
+"""The one training loop every recipe runs (pretrain, draft, medusa, eagle).
+
+A recipe script builds its models and says what a step computes; the loop does the rest:
+
+    with Loop(cfg, "draftkit-draft") as loop:
+        (draft,) = loop.prepare(draft)                 # AdamW, a transformers scheduler, accelerate, resume
+        result = loop.run(step_loss, evaluate)         # accumulation, clipping, eval, W&B, checkpoints, tqdm
+        ...save the model under loop.final_dir; loop.write_report(...)
+
+- step_loss(i) -> (loss, {metric: value}) is called for micro-batch i = step * gradient_accumulation_steps + k:
+  the data a step sees depends only on its number, so a resumed run draws what the killed one would have.
+- evaluate() -> {metric: value} is the held-out hook: every eval_every steps and once at the end; its last
+  result is result.final. Numbers are logged as heldout/<metric>; other values are only returned.
+- Devices, DDP / FSDP / DeepSpeed and mixed precision come from accelerate; mixed_precision "auto" keeps the
+  accelerate config's fp16 / bf16, else takes bf16 on a GPU that has it, else fp32.
+- Checkpoints: accelerate's save_state under output_dir/checkpoints/checkpoint_<n> (automatic naming, the
+  newest checkpoint_total_limit kept) every checkpoint_every steps and always at the last step, each closed by
+  a trainer_state.json (step, parameter shapes) written last: a folder without it is an interrupted save.
+  Started again, a run resumes from the newest complete one; with a larger max_steps a finished run goes on.
+- W&B through accelerate's trackers, offline unless WANDB_MODE says otherwise, under output_dir/wandb; the
+  run id is kept in output_dir/wandb_run_id, so a resumed run logs to the same W&B run.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import shutil
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from train.config import TrainError
+
+STATE_FILE = "trainer_state.json"
+RUN_ID_FILE = "wandb_run_id"
+
+
+@dataclasses.dataclass
+class RunResult:
+    start_step: int  # the step this process started from (0, or a resumed checkpoint's)
+    step: int  # the step it reached
+    history: list[dict]  # per step run here: train metrics (mean over micro-batches) and lr
+    final: dict  # the last evaluate() result (empty when stopped early)
+    stopped: bool  # stopped at stop_at_step, as if killed
+    seconds: float
+
+
+def _mixed_precision(value: str) -> str | None:
+    if value != "auto":
+        return value
+    if os.environ.get("ACCELERATE_MIXED_PRECISION", "no") != "no":
+        return None  # the accelerate config's choice
+    return "bf16" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "no"
+
+
+def _number(path: Path) -> int:
+    return int(path.name.rsplit("_", 1)[1])
+
+
+def _shapes(modules) -> dict[str, list[int]]:
+    """Every tensor's shape in the modules' state dicts (what a checkpoint can be loaded into)."""
+    return {f"{type(m).__name__}.{name}": list(t.shape) for m in modules for name, t in m.state_dict().items()}
+
+
+def _shape_change(folder: str, old: dict, new: dict) -> str | None:
+    """One line naming the folder and both shapes when `old` (a checkpoint's) and `new` differ."""
+    differ = sorted(k for k in old.keys() | new.keys() if old.get(k) != new.get(k))
+    if not differ:
+        return None
+    name = differ[0]
+
+    def shape(s):
+        return "absent" if s.get(name) is None else "(" + ", ".join(map(str, s[name])) + ")"
+
+    def count(s):
+        return sum(math.prod(v) for v in s.values())
+
+    return (f"{folder} holds checkpoints of another model shape: {name} is {shape(old)} there and {shape(new)} "
+            f"in this run ({len(differ)} tensors differ; {count(old):,} vs {count(new):,} parameters); use a new "
+            f"--output_dir, or delete {folder}/checkpoints to start over")
+
+
+class Loop:
+    def __init__(self, cfg, project: str):
+        from accelerate import Accelerator
+        from accelerate.utils import ProjectConfiguration, set_seed
+
+        os.environ.setdefault("WANDB_MODE", "offline")
+        os.environ.setdefault("WANDB_SILENT", "true")
+        self.cfg, self.project = cfg, cfg.wandb_project or project
+        os.makedirs(cfg.output_dir, exist_ok=True)
+        self.acc = Accelerator(
+            mixed_precision=_mixed_precision(cfg.mixed_precision),
+            gradient_accumulation_steps=cfg.gradient_accumulation_steps,
+            log_with=["wandb"] if cfg.wandb else None,
+            project_config=ProjectConfiguration(project_dir=cfg.output_dir, automatic_checkpoint_naming=True,
+                                                total_limit=max(1, cfg.checkpoint_total_limit)))
+        set_seed(cfg.seed)
+        self.final_dir = cfg.export_dir or os.path.join(cfg.output_dir, "final")
+        self.checkpoints = Path(cfg.output_dir) / "checkpoints"
+        self.data_seed = cfg.seed + self.acc.process_index
+        self.start_step = 0
+        self.models: tuple = ()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.finish()
+
+    # ------------------------------------------------------------------------------------------ setup
+
+    def prepare(self, *modules, param_groups: list[dict] | None = None) -> tuple:
+        """AdamW over the trainable parameters (or param_groups), the configured scheduler, accelerate's
+        prepare, then resume from the newest complete checkpoint. Returns the prepared modules."""
+        cfg, acc = self.cfg, self.acc
+        groups = param_groups or [{"params": [p for m in modules for p in m.parameters() if p.requires_grad]}]
+        opt = torch.optim.AdamW(groups, lr=cfg.lr, betas=tuple(cfg.betas), weight_decay=cfg.weight_decay)
+        sched = self._scheduler(opt)
+        shapes = _shapes(modules)
+        *self.models, self.opt, self.sched = acc.prepare(*modules, opt, sched)
+        self.start_step = self._resume(shapes)
+        self.shapes = shapes
+        self._start_tracking()
+        return tuple(self.models)
+
+    def _scheduler(self, opt):
+        from transformers import get_scheduler
+
+        cfg, n = self.cfg, self.acc.num_processes  # accelerate steps a prepared scheduler once per process
+        warmup = cfg.warmup_steps or int(cfg.warmup_ratio * cfg.max_steps)
+        extra = {"min_lr_rate": cfg.min_lr_ratio} if cfg.lr_scheduler_type == "cosine_with_min_lr" else None
+        try:
+            return get_scheduler(cfg.lr_scheduler_type, opt, num_warmup_steps=warmup * n,
+                                 num_training_steps=cfg.max_steps * n, scheduler_specific_kwargs=extra)
+        except ValueError as err:
+            raise TrainError(f"lr_scheduler_type {cfg.lr_scheduler_type!r}: {err}") from None
+
+    def _resume(self, shapes: dict) -> int:
+        acc, folder = self.acc, self.cfg.output_dir
+        found = sorted(self.checkpoints.glob("checkpoint_*"), key=_number) if self.checkpoints.is_dir() else []
+        done = [p for p in found if (p / STATE_FILE).exists()]
+        legacy = sorted(self.checkpoints.glob("step_*")) if self.checkpoints.is_dir() else []
+        if legacy and not done:  # would otherwise start over silently
+            raise TrainError(f"{self.checkpoints} holds checkpoints of an older draftkit ({legacy[-1].name}, ...); "
+                             f"finish that run with the version that wrote it, or move them away to start over")
+        if acc.is_main_process:  # interrupted saves: nothing to resume from, and in the way of the numbering
+            for p in found:
+                if not (p / STATE_FILE).exists():
+                    shutil.rmtree(p, ignore_errors=True)
+        acc.wait_for_everyone()
+        if not done:
+            return 0
+        last = done[-1]
+        state = json.loads((last / STATE_FILE).read_text())
+        change = _shape_change(folder, state.get("shapes", {}), shapes)
+        if change:
+            raise TrainError(change)
+        if state["step"] > self.cfg.max_steps:
+            raise TrainError(f"{folder} holds a run at step {state['step']}, past --max_steps {self.cfg.max_steps}; "
+                             f"raise --max_steps or use a new --output_dir")
+        try:
+            acc.load_state(str(last))
+        except Exception as err:  # a truncated or foreign file: say which and how to recover
+            msg = " ".join(str(err).split())[:300]
+            raise TrainError(f"checkpoint {last} is corrupt or incompatible ({type(err).__name__}: {msg}); delete it "
+                             f"to resume from an older one, or start over with a new --output_dir") from None
+        acc.project_configuration.iteration = _number(last) + 1
+        acc.print(f"resumed from {last} at step {state['step']}")
+        return state["step"]
+
+    def _start_tracking(self) -> None:
+        cfg = self.cfg
+        if not cfg.wandb:
+            return
+        id_file = Path(cfg.output_dir) / RUN_ID_FILE
+        if self.acc.is_main_process and not id_file.exists():
+            id_file.write_text(uuid.uuid4().hex[:8])
+        self.acc.wait_for_everyone()
+        run_id = id_file.read_text().strip()
+        self.acc.init_trackers(self.project, config=dataclasses.asdict(cfg), init_kwargs={"wandb": {
+            "dir": cfg.output_dir, "name": Path(cfg.output_dir).name, "id": run_id, "resume": "allow"}})
+
+    # ------------------------------------------------------------------------------------------ the loop
+
+    def run(self, step_loss: Callable[[int], tuple], evaluate: Callable[[], dict] | None = None,
+            desc: str = "train", show: tuple[str, ...] = ()) -> RunResult:
+        """Train from start_step to max_steps (see the module docstring)."""
+        from tqdm import tqdm
+
+        cfg, acc = self.cfg, self.acc
+        accum = cfg.gradient_accumulation_steps
+        params = [p for m in self.models for p in m.parameters() if p.requires_grad]
+        history: list[dict] = []
+        t0 = time.perf_counter()
+        bar = tqdm(range(self.start_step, cfg.max_steps), initial=self.start_step, total=cfg.max_steps, desc=desc,
+                   disable=not acc.is_local_main_process)
+        for step in bar:
+            sums: dict[str, float] = {}
+            for k in range(accum):
+                with acc.accumulate(*self.models):
+                    with acc.autocast():
+                        loss, metrics = step_loss(step * accum + k)
+                    acc.backward(loss)
+                    if acc.sync_gradients and cfg.grad_clip > 0:
+                        acc.clip_grad_norm_(params, cfg.grad_clip)
+                    self.opt.step()
+                    self.sched.step()
+                    self.opt.zero_grad(set_to_none=True)
+                for name, v in {"loss": loss, **metrics}.items():
+                    sums[name] = sums.get(name, 0.0) + float(v.detach() if torch.is_tensor(v) else v) / accum
+            metrics = {**sums, "lr": self.sched.get_last_lr()[0]}
+            history.append(metrics)
+            logged = {f"train/{k}": v for k, v in metrics.items()}
+            if evaluate and (step + 1) % cfg.eval_every == 0 and step + 1 < cfg.max_steps:
+                logged.update(self._evaluate(evaluate)[1])
+            acc.log(logged, step=step + 1)
+            bar.set_postfix({k: f"{metrics[k]:.3f}" for k in ("loss", *show) if k in metrics})
+            if (step + 1) % cfg.checkpoint_every == 0 or step + 1 == cfg.max_steps:
+                self.save(step + 1)
+            if step + 1 == cfg.stop_at_step and step + 1 < cfg.max_steps:
+                return RunResult(self.start_step, step + 1, history, {}, True, time.perf_counter() - t0)
+        seconds = time.perf_counter() - t0
+        final, logged = self._evaluate(evaluate) if evaluate else ({}, {})
+        if logged:
+            acc.log(logged, step=cfg.max_steps)
+        return RunResult(self.start_step, cfg.max_steps, history, final, False, seconds)
+
+    def _evaluate(self, evaluate) -> tuple[dict, dict]:
+        with torch.no_grad(), self.acc.autocast():
+            res = evaluate()
+        return res, {f"heldout/{k}": v for k, v in res.items() if isinstance(v, (int, float))}
+
+    def save(self, step: int) -> None:
+        """A checkpoint of everything prepared (accelerate's save_state), closed by its trainer_state.json."""
+        acc = self.acc
+        acc.wait_for_everyone()
+        folder = self.checkpoints / f"checkpoint_{acc.save_iteration}"
+        acc.save_state()
+        if acc.is_main_process:  # written last: a folder without it is an interrupted save
+            (folder / STATE_FILE).write_text(json.dumps({"step": step, "max_steps": self.cfg.max_steps,
+                                                         "shapes": self.shapes}))
+        acc.wait_for_everyone()
+
+    # ------------------------------------------------------------------------------------------ the end
+
+    def log(self, metrics: dict, step: int) -> None:
+        self.acc.log(metrics, step=step)
+
+    def unwrap(self, module):
+        return self.acc.unwrap_model(module)
+
+    def write_report(self, report: dict, folder: str | None = None) -> None:
+        """train_report.json in the final folder (the manifest reads it), and the report on stdout."""
+        if self.acc.is_main_process:
+            os.makedirs(folder or self.final_dir, exist_ok=True)
+            with open(os.path.join(folder or self.final_dir, "train_report.json"), "w") as fh:
+                json.dump(report, fh, indent=2)
+            self.acc.print(json.dumps(report))
+
+    def finish(self) -> None:
+        """End tracking; also stop W&B's background service so that a later run in the same process
+        (tests, notebooks) starts a fresh one and writes its own run file."""
+        self.acc.end_training()
+        if "wandb" in sys.modules:
+            sys.modules["wandb"].teardown()
+
+
+def save_hf(model, tokenizer, out_dir: str, dtype=torch.float16) -> None:
+    """Save a Hugging Face model (+ tokenizer) in half precision safetensors."""
+    os.makedirs(out_dir, exist_ok=True)
+    model = model.to(dtype)
+    model.save_pretrained(out_dir, safe_serialization=True)
+    model.to(torch.float32)
+    if tokenizer is not None:
+        tokenizer.save_pretrained(out_dir)
+
+
+def cli(main, argv=None) -> None:
+    """Run a recipe's main(argv); a TrainError ends it with one line on stderr and exit code 2."""
+    try:
+        main(argv)
+    except TrainError as err:
+        print(f"error: {err}", file=sys.stderr)
+        sys.exit(2)
