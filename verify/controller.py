@@ -285,6 +285,8 @@ class AutoBudget:
         return budget
 
     def observe(self, step: StepStats, context_len: int) -> None:
+        if step.prefill:  # the prompt's forward says nothing about a decoding step's cost
+            return
         if not step.drafted:  # a plain step measures t_plain itself
             self.plain_s = step.verify_s if self.plain_s is None else 0.9 * self.plain_s + 0.1 * step.verify_s
             return
