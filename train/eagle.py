@@ -281,7 +281,8 @@ def measure_tau(target, draft, stream: torch.Tensor, prompts: int, new_tokens: i
         p = stream[i * stride: i * stride + prompt_len].long()
         if p.numel() < prompt_len:
             break
-        out = generate(target, p.to(target.device), drafter=drafter, max_new_tokens=new_tokens, eos_token_id=[])
+        out = generate(target, p.to(target.device), drafter=drafter, max_new_tokens=new_tokens, eos_token_id=[],
+                       budget="fixed")  # the drafter's own tree every step: a measure of the draft, not of the machine
         stats = out.stats if stats is None else stats.merge(out.stats)
     if stats is None:
         return {}
