@@ -1,188 +1,199 @@
 """Compare drafters side by side on the same prompts, machine and run.
 
-    python eval/compare.py --drafters medusa,eagle,lookahead
-    python eval/compare.py --drafters all --json results.json --plots plots/
+    python eval/compare.py                               # every drafter, about 3 minutes on 2 CPU cores
     python eval/compare.py --quick                       # a smoke run of about a minute
+    python eval/compare.py --full --out eval/results     # the README's table (about 8 minutes)
+    python eval/compare.py --drafters medusa,lookahead --prompts-file question.jsonl
 
 With no model flags it runs on the shipped default models (zoo/). Plain decoding is
 always measured as the baseline, interleaved with every method, and transformers'
 own `generate` paths (assisted generation, prompt lookup) run as peer rows.
+Everything goes into a results folder (printed; --out to choose): rows.jsonl, written
+row by row as the run goes, then compare.json, compare.txt and the plots.
+Bad input is one line on stderr and exit code 2, before any model loads; a prompt or
+method that fails mid-run becomes a FAILED row, the run goes on, and the exit code is 1.
 """
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import platform
-import statistics
+import signal
 import sys
+import time
+import traceback
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import torch  # noqa: E402
-from tqdm import tqdm  # noqa: E402
-
-import draftkit as dk  # noqa: E402
-from eval.measure import Method, lossless_check, measure, median_spread, predicted_speedup, speedups  # noqa: E402
-from eval.peers import hf_assisted, hf_prompt_lookup  # noqa: E402
-from eval.report import log_wandb, plot_results, print_table  # noqa: E402
-from eval.tasks import TASKS, build_tasks, load_jsonl  # noqa: E402
-
-
-def parse_args(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--drafters", default="all",
-                    help="comma list of standalone, medusa, eagle, eagle-chain (EAGLE drafting a chain of --k), "
-                         "lookahead, or 'all' (all five)")
-    ap.add_argument("--target", help="target: HF model id or path (default: the shipped target)")
-    ap.add_argument("--draft", help="standalone draft model: HF id or path (default: the shipped draft)")
-    ap.add_argument("--medusa", help="saved Medusa heads folder (default: the shipped heads)")
-    ap.add_argument("--eagle", help="saved EAGLE draft folder (default: the shipped EAGLE draft)")
-    ap.add_argument("--tasks", default=",".join(TASKS), help=f"comma list of {', '.join(TASKS)}")
-    ap.add_argument("--prompts-file", help="JSONL of prompts ({'prompt': ...} or Spec-Bench 'turns'); replaces --tasks")
-    ap.add_argument("--prompts", type=int, default=6, help="prompts per task")
-    ap.add_argument("--prompt-len", type=int, default=192, help="prompt length in tokens for the built-in tasks")
-    ap.add_argument("--max-new-tokens", type=int, default=128, help="tokens generated per prompt")
-    ap.add_argument("--repeats", type=int, default=3, help="interleaved repeats; speedup is their median")
-    ap.add_argument("--temperature", type=float, default=0.0, help="0 = greedy; > 0 samples with fixed seeds (and generates max-new-tokens, ignoring EOS)")
-    ap.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling for p (sampling only)")
-    ap.add_argument("--seed", type=int, default=0, help="seed for prompts and sampling")
-    ap.add_argument("--k", type=int, default=4, help="standalone draft chain length (also the assisted peer's)")
-    ap.add_argument("--eagle-depth", type=int, default=4, help="EAGLE-2 dynamic tree depth")
-    ap.add_argument("--eagle-top-k", type=int, default=2, help="EAGLE-2 children expanded per frontier node")
-    ap.add_argument("--eagle-total-tokens", type=int, default=8, help="EAGLE-2 tree size (nodes)")
-    ap.add_argument("--medusa-tree-size", type=int, default=8,
-                    help="Medusa tree size, rebuilt from the saved head accuracies (0: the saved tree)")
-    ap.add_argument("--no-peers", action="store_true", help="skip transformers' generate peer rows")
-    ap.add_argument("--quick", action="store_true", help="smoke run: 2 prompts of 2 tasks, 32 tokens, 1 repeat")
-    ap.add_argument("--json", help="write every figure to this JSON file")
-    ap.add_argument("--plots", help="write PNG plots into this folder")
-    ap.add_argument("--wandb", action="store_true", help="log the table to W&B (offline unless WANDB_MODE is set)")
-    args = ap.parse_args(argv)
-    if args.quick:
-        args.prompts, args.max_new_tokens, args.repeats = 2, 32, 1
-        args.tasks = "code,copy"
-    choices = (*dk.DRAFTERS, "eagle-chain")
-    names = choices if args.drafters == "all" else tuple(d.strip() for d in args.drafters.split(",") if d.strip())
-    bad = [d for d in names if d not in choices]
-    if bad:
-        ap.error(f"unknown drafter(s) {bad}; choose from {', '.join(choices)} or all")
-    args.drafter_names = names
-    return args
+from eval.cli import prepare  # noqa: E402
+from eval.cli_checks import UsageError, error_message  # noqa: E402
 
 
 def machine() -> str:
-    dev = torch.cuda.get_device_name() if torch.cuda.is_available() else f"CPU ({platform.processor() or platform.machine()})"
+    import torch
+
+    cpu = f"CPU ({platform.processor() or platform.machine()})"
+    dev = torch.cuda.get_device_name() if torch.cuda.is_available() else cpu
     return (f"{dev}, {os.cpu_count()} cores, torch {torch.__version__} with {torch.get_num_threads()} threads, "
             f"Python {platform.python_version()}")
 
 
-def build_methods(args, target, tokenizer):
-    """(method, its peer method or None) in table order."""
+def build_methods(args, target, tokenizer, on_error=None):
+    """(method, ...) in table order: plain, each drafter, then the peers. The one place drafters are built.
+    on_error(name, message, traceback) is told of a drafter that cannot be built; the others go on."""
+    import draftkit as dk
+    from drafters.registry import REGISTRY
+    from eval.drafter_flags import drafter_settings
+    from eval.footprint import footprint, param_count
+    from eval.measure import Method
+    from eval.peers import hf_assisted, hf_prompt_lookup
+
     n, eos = args.max_new_tokens, None
     sampling = dk.Sampling(temperature=args.temperature, top_p=args.top_p)
     seed_counter = iter(range(10**9))
 
     def ours(drafter):
+        carry = {"first": None, "keep": False}
+
         def run(ids):
+            # a drafter that remembers past requests (suffix) starts every prompt fresh, except on the
+            # repeated-requests task, where it carries its memory across one repeat's requests in order
+            if hasattr(drafter, "forget") and (not carry["keep"] or ids == carry["first"]):
+                drafter.forget()
             # sampled runs differ in length per method, so they ignore EOS to time equal work
-            out = dk.generate(target, ids, drafter, max_new_tokens=n, sampling=sampling,
+            out = dk.generate(target, ids, drafter, max_new_tokens=n, sampling=sampling, budget=args.budget,
                               seed=args.seed + next(seed_counter), eos_token_id=[] if args.temperature > 0 else None)
             return out.tokens.tolist(), out.stats
+
+        def new_task(first_ids, keep_memory: bool):
+            carry.update(first=first_ids, keep=keep_memory)
+
+        run.new_task = new_task
         return run
 
-    def params(d):
-        mods = [getattr(d, a) for a in ("model", "heads", "draft") if isinstance(getattr(d, a, None), torch.nn.Module)]
-        return sum(p.numel() for m in mods for p in m.parameters())
+    def memory(obj):
+        count = param_count(obj, target)
+        return lambda: {**footprint(obj, target), "param_count": count}
 
-    methods = [Method("plain", ours(None))]
+    model_flag = {"draft": args.draft, "eagle": args.eagle, "medusa": args.medusa}
+    methods = [Method("plain", ours(None), footprint=lambda: {"params": 0, "kv": 0, "buffers": 0}, about="")]
     peers = []
     for name in args.drafter_names:
-        flags, path = {}, None
-        if name == "standalone":
-            flags, path = {"k": args.k}, args.draft
-        elif name == "eagle":
-            flags = {"depth": args.eagle_depth, "top_k": args.eagle_top_k, "total_tokens": args.eagle_total_tokens}
-            path = args.eagle
-        elif name == "eagle-chain":
-            flags, path = {"depth": args.k, "chain": True}, args.eagle
-        elif name == "medusa":
-            flags = {"tree_size": args.medusa_tree_size} if args.medusa_tree_size else {}
-            path = args.medusa
-        drafter = dk.make_drafter(name.split("-")[0], target, path, tokenizer=tokenizer, **flags)
-        methods.append(Method(name, ours(drafter), draft_params=params(drafter)))
+        entry = REGISTRY[name]
+        try:
+            drafter = dk.make_drafter(name, target, model_flag.get(entry.default_model), tokenizer=tokenizer,
+                                      **drafter_settings(args, name))
+        except Exception as exc:  # noqa: BLE001 - one drafter that cannot be built must not stop the others
+            if on_error is None:
+                raise
+            on_error(name, error_message(exc), traceback.format_exc())
+            continue
+        cap = drafter.budget_cap
+        about = f"{entry.about}; caps: depth {cap.max_depth}, {cap.max_nodes} nodes; budget {args.budget}"
+        methods.append(Method(name, ours(drafter), footprint=memory(drafter), about=about))
         if args.no_peers or args.temperature > 0:
             continue
         if name == "standalone":
-            peers.append(Method(f"hf assisted K={args.k}", hf_assisted(target, drafter.model, args.k, n, eos), "peer"))
+            k = cap.max_depth
+            peers.append(Method(f"hf assisted K={k}", hf_assisted(target, drafter.model, k, n, eos), "peer",
+                                footprint=memory(drafter.model), about="transformers assistant_model"))
         if name == "lookahead":
-            peers.append(Method("hf prompt lookup", hf_prompt_lookup(target, 10, n, eos), "peer"))
+            peers.append(Method("hf prompt lookup", hf_prompt_lookup(target, 10, n, eos), "peer",
+                                about="transformers prompt_lookup_num_tokens=10"))
     return methods + peers
 
 
-def rows_for_task(task, res, methods, args):
-    base = res["plain"]
-    plain_step_s = statistics.median(s / t for s, t in zip(base.seconds, base.tokens))
-    rows = []
-    for m in methods:
-        r = res[m.name]
-        sp, lo, hi = median_spread(speedups(r, base))
-        st = r.stats
-        steps = st.decode_steps
-        depth = statistics.mean(s.depth for s in steps) if steps else 0
-        phi = (st.draft_s / len(steps) / depth / plain_step_s) if steps and depth else None
-        same, total = lossless_check(r, base)
-        row = {
-            "drafter": m.name, "task": task, "kind": "baseline" if m.name == "plain" else m.kind,
-            "tau": st.tau if steps else (1.0 if m.name == "plain" else None),
-            "alpha": st.alpha if steps else None,
-            "acceptance_by_depth": st.acceptance_by_depth() if steps else [],
-            "mean_tree_size": st.mean_tree_size if steps else None,
-            "tokens_per_s": statistics.median(r.tokens_per_s), "speedup": sp, "speedup_min": lo, "speedup_max": hi,
-            "draft_share": st.draft_s / (st.draft_s + st.verify_s) if steps else None,
-            "phi": phi,
-            "predicted_speedup": predicted_speedup(st.alpha, round(depth), phi) if phi is not None else None,
-            "peak_rss_mb": r.peak_rss_mb, "draft_params": m.draft_params,
-            "lossless": (same == total) if args.temperature == 0 else None,
-            "identical_outputs": f"{same}/{total}" if args.temperature == 0 else None,
-        }
-        rows.append(row)
-    return rows
+def run(args, target_path, tok, tasks, notes, started: float) -> int:
+    """Load, measure, write. 0: every row measured; 1: something failed (FAILED rows); 130: interrupted."""
+    from tqdm import tqdm
 
+    import draftkit as dk
+    from eval.measure import measure, warm_up
+    from eval.report import RunWriter, format_table, log_wandb, quiet_warnings
+    from eval.rows import error_row, task_rows
+    from verify.controller import CostProfile
 
-def main(argv=None):
-    args = parse_args(argv)
-    target, tok = dk.load_target(args.target)
-    if args.prompts_file:
-        tasks = load_jsonl(args.prompts_file, tok, args.prompts)
-    else:
-        tasks = build_tasks(tok, [t.strip() for t in args.tasks.split(",")], args.prompts, args.prompt_len, args.seed)
-    methods = build_methods(args, target, tok)
-    total = sum(len(p) for p in tasks.values()) * len(methods) * args.repeats
-    rows = []
-    with tqdm(total=total, desc="compare", unit="run") as bar:
-        for task, prompts in tasks.items():
-            res = measure(methods, [p.ids for p in prompts], args.repeats, bar)
-            rows += rows_for_task(task, res, methods, args)
-    report = {"machine": machine(), "settings": {k: v for k, v in vars(args).items() if k != "drafter_names"},
-              "target_params": sum(p.numel() for p in target.parameters()), "rows": rows}
-    print_table(report)
-    lossy = [r for r in rows if r["lossless"] is False]
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # weight-loading bars: noise before the one progress bar that matters
+    writer = RunWriter(args.out)
+    print(f"results folder: {args.out}")
+    for note in notes:
+        print(note)
+    report = {"machine": machine(), "settings": settings_of(args), "notes": notes, "rows": writer.rows}
+    status, warned = 0, {}
+
+    def failed(task, method, message, tb, prompt=None):
+        writer.add(error_row(task, method, message, prompt))
+        tqdm.write(f"FAILED {method}" + (f" on {prompt}" if prompt else "") + f": {message}", file=sys.stderr)
+        if args.debug:
+            tqdm.write(tb, file=sys.stderr)
+
+    try:
+        with quiet_warnings() as warned:
+            target = dk.load_model(target_path)
+            report["target_params"] = sum(p.numel() for p in target.parameters())
+            methods = build_methods(args, target, tok, on_error=lambda name, msg, tb: failed("all", name, msg, tb))
+            total = (sum(len(p) for p in tasks.values()) * args.repeats + 1) * len(methods)
+            with tqdm(total=total, desc="compare", unit="run") as bar:
+                first = next(iter(tasks.values()))[0].ids
+                warm_up(methods, first[::-1][:64], bar)  # reversed: text that no task continues
+                for task, prompts in tasks.items():
+                    for m in methods:
+                        getattr(m.run, "new_task", lambda *a: None)(prompts[0].ids, task == "repeated")
+                    res = measure(methods, [p.ids for p in prompts], args.repeats, bar,
+                                  on_error=lambda m, i, msg, tb: failed(task, m, msg, tb, prompts[i].source))
+                    curve = CostProfile.for_model(target, len(prompts[0].ids)).c
+                    for row in task_rows(task, methods, res, greedy=args.temperature == 0, cost_curve=curve):
+                        writer.add(row)
+    except KeyboardInterrupt:
+        status = 130
+        print("\ninterrupted: writing the rows finished so far", file=sys.stderr)
+    except Exception as exc:  # noqa: BLE001 - whatever ends the run, keep what it measured
+        failed("all", "run", error_message(exc), traceback.format_exc())
+    report["seconds"] = round(time.perf_counter() - started, 1)
+    report["warnings"] = warned
+    paths = writer.finish(report, plots=not args.no_plots)
+    print("\n" + format_table(report))
+    for text, count in warned.items():
+        print(f"warned {count}x during the run: {text}")
+    lossy = [r for r in writer.rows if r.get("lossless") is False]
     if lossy:
         print(f"\nWARNING: {len(lossy)} rows differ from plain greedy decoding: "
               + ", ".join(f"{r['drafter']}/{r['task']} ({r['identical_outputs']})" for r in lossy))
-    if args.json:
-        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
-        with open(args.json, "w") as fh:
-            json.dump(report, fh, indent=2)
-        print(f"wrote {args.json}")
-    if args.plots:
-        for path in plot_results(report, args.plots):
-            print(f"wrote {path}")
     if args.wandb:
         log_wandb(report)
-    return report
+    print(f"\nran {report['seconds']:.0f} s; wrote {', '.join(os.path.basename(p) for p in paths)} and rows.jsonl "
+          f"into {args.out}")
+    if writer.errors and not status:
+        print(f"{len(writer.errors)} failure(s): see the FAILED rows", file=sys.stderr)
+        status = 1
+    return status
+
+
+def settings_of(args) -> dict:
+    return {k: list(v) if isinstance(v, tuple) else v for k, v in vars(args).items() if k not in ("debug",)}
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    started = time.perf_counter()
+    try:
+        prepared = prepare(argv, __doc__)
+    except UsageError as e:
+        if "--debug" in argv:
+            traceback.print_exc()
+        print(f"compare.py: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("compare.py: interrupted before the run started", file=sys.stderr)
+        return 130
+    return run(*prepared, started)
+
+
+def _terminated(signum, frame):
+    raise KeyboardInterrupt  # a `kill` or a timeout ends the run like Ctrl-C: the rows so far are written
 
 
 if __name__ == "__main__":
-    main()
+    signal.signal(signal.SIGTERM, _terminated)
+    sys.exit(main())

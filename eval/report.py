@@ -1,7 +1,53 @@
-"""Tables, plots and W&B logging for eval/compare.py's report."""
+"""The results folder of eval/compare.py: rows as they finish, the table with its legend, plots, W&B.
+
+    <folder>/rows.jsonl   one JSON row per (task, method) or failure, appended as each completes
+    <folder>/compare.json the whole report: machine, settings, every row
+    <folder>/compare.txt  the table and its legend, as printed
+    <folder>/speedup.png, acceptance_by_depth.png
+"""
 from __future__ import annotations
 
+import json
 import os
+import warnings
+from contextlib import contextmanager
+
+LEGEND = """\
+tau       committed tokens per target forward (plain decoding: 1.00)
+alpha     acceptance rate: accepted / (accepted + rejected) draft tokens, over the tokens the target checked
+tok/s     generated tokens per second, median over the repeats
+speedup   tok/s over plain decoding's in the same repeat: median [min-max] over the repeats
+pred.     the cost model's speedup: committed tokens per step over the predicted step time, each step
+          costing c(n) plain steps to verify its n nodes (the target's verify curve measured on this
+          machine, verify/controller.py) plus its measured drafting time
+budget    the mean budget the controller gave: draft depth / nodes per step (0/0: plain steps)
+K*        the seeds' best chain length for this row's alpha and phi (phi: drafting cost per depth over a
+          plain step) if verifying were free: S(alpha, K, phi) = (1 - alpha^(K+1)) / ((1 - alpha)(K phi + 1))
+draft%    share of decoding time spent drafting (the rest is the target's verification)
+adds MB   memory the method adds beside the target: its own parameters + its KV cache + other buffers,
+          counted per method (not the process's RSS); peers: the assistant model's parameters only
+lossless  outputs identical to plain greedy decoding / prompts compared (n/a when sampling)
+by depth  share of steps whose accepted path reached draft depth 1, 2, ..."""
+
+
+@contextmanager
+def quiet_warnings():
+    """Python warnings are counted instead of printed (they would break into the progress bar; compare.py
+    prints them once, after the table); transformers' log lines go through tqdm.write."""
+    from tqdm.contrib.logging import logging_redirect_tqdm
+
+    seen: dict[str, int] = {}
+
+    def count(message, category, *args, **kwargs):
+        key = f"{category.__name__}: {str(message).strip().splitlines()[0] if str(message).strip() else ''}"
+        seen[key] = seen.get(key, 0) + 1
+
+    shown, warnings.showwarning = warnings.showwarning, count
+    try:
+        with logging_redirect_tqdm():
+            yield seen
+    finally:
+        warnings.showwarning = shown
 
 
 def _f(x, fmt):
@@ -10,22 +56,74 @@ def _f(x, fmt):
     return "-".rjust(width) if x is None else format(x, fmt)
 
 
-def print_table(report: dict) -> None:
-    print(f"\nmachine: {report['machine']}")
+def added_mb(row: dict) -> float | None:
+    added = row.get("added_bytes")
+    return None if added is None else sum(v or 0 for v in added.values()) / 2**20
+
+
+def format_table(report: dict) -> str:
     head = (f"{'task':6} {'method':18} {'tau':>5} {'alpha':>5} {'tok/s':>7} {'speedup':>16} {'pred.':>5} "
-            f"{'draft%':>6} {'RSS MB':>7} {'lossless':>9}  accept by depth")
-    print(head)
-    print("-" * len(head))
+            f"{'budget':>8} {'K*':>3} {'draft%':>6} {'adds MB':>7} {'lossless':>9}  accept by depth")
+    lines = [f"machine: {report['machine']}", head, "-" * len(head)]
+    failed = [r for r in report["rows"] if r.get("error")]
     for r in report["rows"]:
+        if r.get("error"):
+            continue
         spread = f"{r['speedup']:.2f}x [{r['speedup_min']:.2f}-{r['speedup_max']:.2f}]"
         by_depth = " ".join(f"{a:.2f}" for a in r["acceptance_by_depth"][:6])
         lossless = {True: "yes", False: "NO", None: "n/a"}[r["lossless"]]
         if r["identical_outputs"] and r["lossless"] is not None:
             lossless = f"{lossless} {r['identical_outputs']}"
         draft = None if r["draft_share"] is None else 100 * r["draft_share"]
-        print(f"{r['task']:6} {r['drafter']:18} {_f(r['tau'], '5.2f')} {_f(r['alpha'], '5.2f')} "
-              f"{r['tokens_per_s']:7.1f} {spread:>16} {_f(r['predicted_speedup'], '5.2f')} {_f(draft, '6.0f')} "
-              f"{r['peak_rss_mb']:7.0f} {lossless:>9}  {by_depth}")
+        budget = "-" if r.get("budget_depth") is None else f"{r['budget_depth']:.1f}/{r['budget_nodes']:.0f}"
+        lines.append(f"{r['task']:6} {r['drafter']:18} {_f(r['tau'], '5.2f')} {_f(r['alpha'], '5.2f')} "
+                     f"{r['tokens_per_s']:7.1f} {spread:>16} {_f(r.get('predicted_speedup'), '5.2f')} "
+                     f"{budget:>8} {_f(r.get('seeds_k_star'), '3d')} "
+                     f"{_f(draft, '6.0f')} {_f(added_mb(r), '7.1f')} {lossless:>9}  {by_depth}")
+    for r in failed:
+        where = f" on {r['prompt']}" if r.get("prompt") else ""
+        lines.append(f"FAILED {r['task']} {r['drafter']}{where}: {r['error']}")
+    settings = [f"{r['drafter']}: {r['settings']}" for r in report["rows"] if r.get("settings")]
+    if settings:
+        lines += ["", "methods: " + "; ".join(dict.fromkeys(settings))]
+    return "\n".join(lines + ["", LEGEND])
+
+
+class RunWriter:
+    """Appends each row to rows.jsonl the moment it is known, so a run that dies loses nothing finished."""
+
+    def __init__(self, folder: str):
+        self.folder = folder
+        self.rows: list[dict] = []
+        self.rows_path = os.path.join(folder, "rows.jsonl")
+        open(self.rows_path, "w").close()  # a reused folder starts a fresh file
+
+    @property
+    def errors(self) -> list[dict]:
+        return [r for r in self.rows if r.get("error")]
+
+    def add(self, row: dict) -> None:
+        self.rows.append(row)
+        with open(self.rows_path, "a") as fh:
+            fh.write(json.dumps(row) + "\n")
+
+    def finish(self, report: dict, plots: bool = True) -> list[str]:
+        """The plots, compare.json and compare.txt; returns their paths. A plot that fails is a FAILED row."""
+        paths = []
+        if plots and any(not r.get("error") for r in report["rows"]):
+            try:
+                paths += plot_results(report, self.folder)
+            except Exception as exc:  # noqa: BLE001 - the figures matter more than the pictures
+                from eval.cli_checks import error_message
+
+                self.add({"drafter": "plots", "task": "all", "kind": "error", "prompt": None,
+                          "error": error_message(exc)})
+        paths += [os.path.join(self.folder, "compare.json"), os.path.join(self.folder, "compare.txt")]
+        with open(paths[-2], "w") as fh:
+            json.dump(report, fh, indent=2)
+        with open(paths[-1], "w") as fh:
+            fh.write(format_table(report) + "\n")
+        return paths
 
 
 def plot_results(report: dict, folder: str) -> list[str]:
@@ -33,43 +131,59 @@ def plot_results(report: dict, folder: str) -> list[str]:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     os.makedirs(folder, exist_ok=True)
-    rows = report["rows"]
+    rows = [r for r in report["rows"] if not r.get("error")]
     tasks = list(dict.fromkeys(r["task"] for r in rows))
     methods = [m for m in dict.fromkeys(r["drafter"] for r in rows) if m != "plain"]
+    find = {(r["task"], r["drafter"]): r for r in rows}
     paths = []
 
-    fig, ax = plt.subplots(figsize=(1.6 + 1.4 * len(tasks) * max(1, len(methods)) / 3, 4))
+    # speedup: bars at the median, error bars from the slowest to the fastest repeat; legend right of the axes
+    fig, ax = plt.subplots(figsize=(2.5 + 1.2 * len(tasks) * max(1, len(methods)) / 3, 4))
     width = 0.8 / max(1, len(methods))
     for i, m in enumerate(methods):
-        vals = [next((r["speedup"] for r in rows if r["task"] == t and r["drafter"] == m), 0) for t in tasks]
-        ax.bar([x + i * width for x in range(len(tasks))], vals, width, label=m)
+        got = [find.get((t, m)) for t in tasks]
+        xs = [x + i * width for x, r in zip(range(len(tasks)), got) if r]
+        mid = [r["speedup"] for r in got if r]
+        err = [[r["speedup"] - r["speedup_min"] for r in got if r], [r["speedup_max"] - r["speedup"] for r in got if r]]
+        ax.bar(xs, mid, width, yerr=err, capsize=2, label=m, error_kw={"lw": 0.8})
     ax.axhline(1.0, color="black", lw=0.8, ls="--")
     ax.set_xticks([x + width * (len(methods) - 1) / 2 for x in range(len(tasks))], tasks)
     ax.set_ylabel("speedup over plain decoding")
-    ax.set_title("tokens/s relative to plain decoding (same run)")
-    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
-    fig.tight_layout()
+    ax.set_title("tokens/s over plain decoding (same run; bars: min-max over repeats)", fontsize=9)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
     paths.append(os.path.join(folder, "speedup.png"))
-    fig.savefig(paths[-1], dpi=120)
+    fig.savefig(paths[-1], dpi=120, bbox_inches="tight")
     plt.close(fig)
 
-    fig, axes = plt.subplots(1, len(tasks), figsize=(4 * len(tasks), 3.5), squeeze=False)
+    # acceptance by depth: error bars from the lowest to the highest prompt; one legend right of the last axes
+    fig, axes = plt.subplots(1, len(tasks), figsize=(3.6 * len(tasks) + 1.6, 3.5), squeeze=False)
     for ax, t in zip(axes[0], tasks):
-        for m in methods:
-            row = next((r for r in rows if r["task"] == t and r["drafter"] == m), None)
-            if row and row["acceptance_by_depth"]:
-                depths = range(1, len(row["acceptance_by_depth"]) + 1)
-                ax.plot(depths, row["acceptance_by_depth"], marker="o", label=m)
+        for j, m in enumerate(methods):
+            row = find.get((t, m))
+            acc = row["acceptance_by_depth"] if row else []
+            if acc:
+                spread = row.get("acceptance_by_depth_spread") or [[a, a] for a in acc]
+                depths = [d + 1 + 0.04 * (j - len(methods) / 2) for d in range(len(acc))]  # dodge overlapping bars
+                err = [[a - lo for a, (lo, _) in zip(acc, spread)], [hi - a for a, (_, hi) in zip(acc, spread)]]
+                ax.errorbar(depths, acc, yerr=err, marker="o", ms=3, capsize=2, lw=1, label=m, color=f"C{j}")
         ax.set_title(t)
         ax.set_xlabel("draft depth")
-        ax.set_ylim(0, 1)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.set_ylim(0, 1.02)
     axes[0][0].set_ylabel("share of steps reaching depth")
-    axes[0][-1].legend(fontsize=8)
-    fig.tight_layout()
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    for ax in axes[0][1:]:
+        for h, lab in zip(*ax.get_legend_handles_labels()):
+            if lab not in labels:
+                handles.append(h)
+                labels.append(lab)
+    if handles:
+        axes[0][-1].legend(handles, labels, fontsize=8, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0)
     paths.append(os.path.join(folder, "acceptance_by_depth.png"))
-    fig.savefig(paths[-1], dpi=120)
+    fig.savefig(paths[-1], dpi=120, bbox_inches="tight")
     plt.close(fig)
     return paths
 
@@ -80,5 +194,6 @@ def log_wandb(report: dict) -> None:
     os.environ.setdefault("WANDB_MODE", "offline")
     run = wandb.init(project="draftkit-compare", config=report["settings"], dir=os.environ.get("WANDB_DIR", "runs"))
     cols = ["task", "drafter", "tau", "alpha", "tokens_per_s", "speedup", "predicted_speedup", "lossless"]
-    run.log({"compare": wandb.Table(columns=cols, data=[[r[c] for c in cols] for r in report["rows"]])})
+    rows = [r for r in report["rows"] if not r.get("error")]
+    run.log({"compare": wandb.Table(columns=cols, data=[[r[c] for c in cols] for r in rows])})
     run.finish()

@@ -58,8 +58,21 @@ def test_costly_verify_shortens_the_budget():
     cheap, dear = (AutoBudget(None, Budget(8, 8), profile=flat(r), cache_profile=False) for r in (0.0, 0.3))
     for policy in (cheap, dear):
         policy.acceptance = AcceptanceModel(8, prior_rate=0.7, prior_weight=1e9)
-        policy.depth_s = 0.0005
+        for depth in (1, 4):  # drafting costs 0.5 ms per level
+            policy.draft_cost.observe(depth, 0.0005 * depth)
     assert cheap.plan()[0] > dear.plan()[0] >= 1
+
+
+def test_draft_cost_separates_fixed_and_per_level_cost():
+    from verify.controller import DraftCost
+
+    cost = DraftCost(keep=1.0)
+    for depth in (1, 2, 4, 1, 4):
+        cost.observe(depth, 0.004 + 0.001 * depth)  # 4 ms once per step, 1 ms per level
+    assert cost(8) == pytest.approx(0.012) and cost(0) == 0.0
+    single = DraftCost(keep=1.0)
+    single.observe(2, 0.006)  # one depth only: half fixed, half per level
+    assert single(2) == pytest.approx(0.006) and single(4) == pytest.approx(0.009)
 
 
 def test_acceptance_model_counts_tried_levels_only():

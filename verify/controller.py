@@ -5,17 +5,17 @@ Model of one step with draft depth D and node budget N(D) (the drafter's tree sh
 N grows with D in the ratio of its cap, max_nodes / max_depth):
 
     expected committed   E(D) = 1 + sum_{d=1..D} R_d,   R_d = r_1 * ... * r_d
-    expected time        T(D) = t_plain * c(N(D)) + D * t_depth       (T(0) = t_plain)
+    expected time        T(D) = t_plain * c(N(D)) + a + b * D         (T(0) = t_plain)
 
 r_d is the drafter's measured chance to pass depth d given it reached depth d - 1 (decayed
 counts, so the estimate follows the text); c(n) is the verify cost curve of the target on
 this machine (`CostProfile`, measured once per machine + model + context bucket and saved);
-t_depth is the drafter's measured time per draft depth. The controller picks
+the drafting time a + b * D is fitted to the drafter's measured steps. The controller picks
 D* = argmax E(D) / T(D). Sequoia and SmartSpec choose budgets from measured costs the same
 way; with a flat c(n) this is the seeds' S(alpha, K, phi) (see `seeds_best_k`).
 
-When D* = 0 the drafter idles, and every `probe_every` plain steps (doubling while probes keep
-losing) it drafts once at its best depth to re-measure, so a method that starts paying on
+When D* = 0 the drafter idles, and every `probe_every` plain steps (doubling up to 32 while probes
+keep losing) it drafts once at its best depth to re-measure, so a method that starts paying on
 later text is picked up again. Within a step, `Budget.min_path_prob` tells a drafter with path
 confidences (EAGLE-2, standalone trees) to stop expanding paths whose draft probability is
 below what one more depth costs.
@@ -182,7 +182,7 @@ class AcceptanceModel:
     """Per-depth pass rates r_d with a prior (prior_rate, prior_weight) and exponential forgetting."""
 
     max_depth: int
-    prior_rate: float = 0.6
+    prior_rate: float = 0.8  # optimistic: a new drafter drafts first and learns its real rates quickly
     prior_weight: float = 2.0
     keep: float = 0.97  # about 33 steps of memory
     reached: list = field(default_factory=list)
@@ -212,6 +212,35 @@ class AcceptanceModel:
         return out
 
 
+@dataclass
+class DraftCost:
+    """Drafting seconds per step as a + b * depth, fitted by decayed least squares: a covers what a step
+    pays once (catching up on committed tokens, the update), b each further level. With one depth seen
+    so far the split is unknown, and half of the cost is taken as fixed."""
+
+    keep: float = 0.95
+    sums: list = field(default_factory=lambda: [0.0] * 5)  # weights of 1, d, d^2, y, d*y
+
+    def observe(self, depth: int, seconds: float) -> None:
+        terms = (1.0, depth, depth * depth, seconds, depth * seconds)
+        self.sums = [s * self.keep + t for s, t in zip(self.sums, terms)]
+
+    def __call__(self, depth: int) -> float:
+        if depth == 0:
+            return 0.0
+        n, sd, sdd, sy, sdy = self.sums
+        if n == 0:
+            return 0.0
+        spread = n * sdd - sd * sd
+        if spread > 1e-6 * n * n:
+            b = (n * sdy - sd * sy) / spread
+            a = (sy - b * sd) / n
+            if a >= 0 and b >= 0:
+                return a + b * depth
+        mean_d, mean_y = sd / n, sy / n
+        return 0.5 * mean_y + 0.5 * mean_y * depth / max(mean_d, 1e-9)
+
+
 class AutoBudget:
     """The cost-aware budget policy (see the module docstring). One per drafter; it keeps what it
     learned about the drafter's acceptance and cost across sequences."""
@@ -223,7 +252,7 @@ class AutoBudget:
         self.cache_profile = cache_profile
         self.nodes_per_depth = cap.max_nodes / max(cap.max_depth, 1)
         self.acceptance = AcceptanceModel(max(cap.max_depth, 1))
-        self.depth_s: float | None = None  # measured draft seconds per depth (EMA)
+        self.draft_cost = DraftCost()  # measured drafting seconds per step, by depth
         self.plain_s: float | None = None  # measured plain step seconds (EMA; the profile's until measured)
         self.correction: dict[int, float] = {}  # per profile size: measured verify time / the profile's (EMA)
         self.probe_every, self._probe_wait, self._idle = probe_every, probe_every, 0
@@ -253,7 +282,7 @@ class AutoBudget:
     def step_time(self, depth: int) -> float:
         if depth == 0:
             return self.verify_time(0)
-        return self.verify_time(self.nodes(depth)) + depth * (self.depth_s or 0.0)
+        return self.verify_time(self.nodes(depth)) + self.draft_cost(depth)
 
     def plan(self) -> tuple[int, list[float], list[float]]:
         """(best depth, expected committed per depth, expected seconds per depth) for depths 0..max."""
@@ -271,9 +300,12 @@ class AutoBudget:
                 self.choices.append((0, 0))
                 self.predicted.append((gains[0], times[0]))
                 return Budget(0, 0)
-            # probe: draft once at the depth that would pay best if drafting paid at all
-            best = max(range(1, len(gains)), key=lambda d: gains[d] / times[d])
-            self._idle, self._probe_wait = 0, min(self._probe_wait * 2, 256)
+            # probe: draft once, alternately at the depth that would pay best and at the deepest, so that
+            # both the acceptance of deep levels and the fixed and per-level drafting costs get measured
+            self._probes = getattr(self, "_probes", 0) + 1
+            best = max(range(1, len(gains)), key=lambda d: gains[d] / times[d]) if self._probes % 2 else \
+                self.cap.max_depth
+            self._idle, self._probe_wait = 0, min(self._probe_wait * 2, 32)
         else:
             self._probe_wait = self.probe_every
         # within the step: a path is worth one more depth if its chance beats the marginal cost
@@ -291,8 +323,7 @@ class AutoBudget:
             self.plain_s = step.verify_s if self.plain_s is None else 0.9 * self.plain_s + 0.1 * step.verify_s
             return
         self.acceptance.observe(step.depth, step.accepted)
-        per_depth = step.draft_s / max(step.depth, 1)
-        self.depth_s = per_depth if self.depth_s is None else 0.8 * self.depth_s + 0.2 * per_depth
+        self.draft_cost.observe(step.depth, step.draft_s)
         # the measured verify time corrects the curve near this size (a profile taken on a busy machine heals)
         bucket = self._bucket(step.drafted)
         ratio = step.verify_s / (self.profile.plain_s * self.profile.c(step.drafted))
@@ -308,5 +339,5 @@ class AutoBudget:
         return {"mean_depth": statistics.mean(d for d, _ in steps), "mean_nodes": statistics.mean(n for _, n in steps),
                 "plain_share": sum(d == 0 for d, _ in steps) / len(steps),
                 "predicted_speedup": (committed / seconds) * plain if seconds and plain else None,
-                "pass_rates": self.acceptance.rates(), "depth_s": self.depth_s,
+                "pass_rates": self.acceptance.rates(), "draft_s_by_depth": [self.draft_cost(d) for d in (1, 2, 4)],
                 "verify_curve": dict(zip(self.profile.sizes, self.profile.ratios)) if self.profile else None}

@@ -1,0 +1,212 @@
+"""compare.py's command line: flags, presets, and every check that runs before a model loads.
+
+`prepare(argv)` parses the flags, fills what no flag gave from the chosen preset (an
+explicit flag always wins), checks every flag and the prompts file (eval/cli_checks.py),
+reads the target's config and tokenizer (not its weights) to check the lengths against
+its context, builds the prompts and creates the results folder. Any bad input is a
+`UsageError`: one line, exit code 2.
+"""
+from __future__ import annotations
+
+import argparse
+
+from eval import cli_checks as check
+from eval.cli_checks import UsageError
+from eval.drafter_flags import add_drafter_flags, check_drafter_flags
+from eval.tasks import TASKS
+
+# What a run measures unless a flag says otherwise; an explicit flag always wins over a preset.
+# default: about 3 minutes on 2 CPU cores with every drafter; full: the README's table.
+PRESETS = {
+    "default": {"tasks": "code,copy,prose", "prompts": 3, "prompt_len": 192, "max_new_tokens": 128, "repeats": 2},
+    "quick": {"tasks": "code,copy", "prompts": 2, "prompt_len": 192, "max_new_tokens": 32, "repeats": 1},
+    "full": {"tasks": "code,copy,prose", "prompts": 6, "prompt_len": 192, "max_new_tokens": 128, "repeats": 3},
+}
+
+
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Appends "(default: ...)" to every option that does not say its default itself."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        if "default" in text or action.default is argparse.SUPPRESS or not action.option_strings:
+            return text
+        value = "off" if action.default is False else action.default
+        return f"{text} (default: {str(value).replace('%', '%%')})"
+
+
+class Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line, no usage block: main() prints it and exits with 2
+        raise UsageError(message)
+
+
+def _preset_help(key: str, text: str) -> str:
+    d, q, f = (PRESETS[p][key] for p in ("default", "quick", "full"))
+    return f"{text} (default: {d}; --quick: {q}; --full: {f})"
+
+
+def build_parser(description: str | None = None) -> Parser:
+    ap = Parser(prog="compare.py", description=description, formatter_class=HelpFormatter)
+    ap.add_argument("--drafters", default="all",
+                    help="comma list of drafters (standalone, medusa, eagle, eagle-chain: EAGLE drafting a chain "
+                         "of --max-depth, lookahead, suffix) or 'all'")
+    ap.add_argument("--target", help="target: HF hub id or folder (default: the shipped target, zoo/target)")
+    ap.add_argument("--draft", help="standalone draft model: HF hub id or folder (default: the shipped draft)")
+    ap.add_argument("--medusa", help="saved Medusa heads folder (default: the shipped heads)")
+    ap.add_argument("--eagle", help="saved EAGLE draft folder (default: the shipped EAGLE draft)")
+    ap.add_argument("--tasks", help=_preset_help("tasks", f"comma list of built-in tasks: {', '.join(TASKS)}"))
+    ap.add_argument("--prompts-file", help="JSONL of prompts ({\"prompt\": ...} or Spec-Bench's \"turns\"); "
+                                           "replaces --tasks (default: none, the built-in tasks)")
+    ap.add_argument("--prompts", type=int, help=_preset_help("prompts", "prompts per task"))
+    ap.add_argument("--prompt-len", type=int, help=_preset_help("prompt_len", "prompt length in tokens of the "
+                                                                "built-in tasks"))
+    ap.add_argument("--max-new-tokens", type=int, help=_preset_help("max_new_tokens", "tokens generated per prompt"))
+    ap.add_argument("--repeats", type=int, help=_preset_help("repeats", "interleaved repeats; speedup is their "
+                                                             "median"))
+    ap.add_argument("--temperature", type=float, default=0.0,
+                    help="0 = greedy; > 0 samples with fixed seeds (and generates max-new-tokens, ignoring EOS)")
+    ap.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling for p (sampling only)")
+    ap.add_argument("--seed", type=int, default=0, help="seed for prompts and sampling")
+    ap.add_argument("--no-peers", action="store_true", help="skip transformers' generate peer rows")
+    ap.add_argument("--batch-sizes", help="comma list such as 1,4,16: also decode the first task's prompts in "
+                                          "batches of these sizes (speedup over plain batched decoding, KV bytes)")
+    add_drafter_flags(ap)
+    preset = ap.add_mutually_exclusive_group()
+    preset.add_argument("--quick", action="store_true", help="smoke run: " + ", ".join(
+        f"{k.replace('_', '-')} {v}" for k, v in PRESETS["quick"].items()) + " (explicit flags win)")
+    preset.add_argument("--full", action="store_true", help="the README's table: " + ", ".join(
+        f"{k.replace('_', '-')} {v}" for k, v in PRESETS["full"].items()) + " (explicit flags win)")
+    ap.add_argument("--out", help="results folder (default: runs/compare/<date-time>/)")
+    ap.add_argument("--no-plots", action="store_true", help="write no PNG plots")
+    ap.add_argument("--wandb", action="store_true", help="log the table to W&B (offline unless WANDB_MODE is set)")
+    ap.add_argument("--debug", action="store_true", help="print tracebacks of errors and failures")
+    return ap
+
+
+def parse_args(argv=None, description: str | None = None) -> argparse.Namespace:
+    """Parse, then fill what no flag gave from the preset (so an explicit flag always wins)."""
+    args = build_parser(description).parse_args(argv)
+    args.preset = "quick" if args.quick else "full" if args.full else "default"
+    args.explicit = sorted(k for k in PRESETS[args.preset] if getattr(args, k) is not None)
+    for key, value in PRESETS[args.preset].items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
+    return args
+
+
+def batch_sizes(text: str | None) -> list[int]:
+    if text is None:
+        return []
+    try:
+        sizes = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise UsageError(f"--batch-sizes takes a comma list of integers, got {text!r}") from None
+    if not sizes or min(sizes) < 1:
+        raise UsageError(f"--batch-sizes needs integers >= 1, got {text!r}")
+    return sizes
+
+
+def check_flags(args) -> list[check.PromptText] | None:
+    """Every check that needs no model; returns the prompts file's prompts (None: built-in tasks)."""
+    for flag, low in (("prompts", 1), ("prompt_len", 1), ("max_new_tokens", 1), ("repeats", 1)):
+        check.at_least("--" + flag.replace("_", "-"), getattr(args, flag), low)
+    check_drafter_flags(args)
+    args.batch_size_list = batch_sizes(args.batch_sizes)
+    check.temperature(args.temperature)
+    check.top_p(args.top_p)
+    for flag in ("target", "draft", "medusa", "eagle"):
+        check.model_ref(f"--{flag}", getattr(args, flag))
+    if args.prompts_file is None:
+        args.task_names = check.names("--tasks", args.tasks, TASKS)
+        return None
+    for key in ("tasks", "prompt_len"):
+        if key in args.explicit:
+            flag = "--" + key.replace("_", "-")
+            raise UsageError(f"{flag} applies to the built-in tasks; --prompts-file replaces them")
+    args.task_names = None
+    return check.read_prompts_file(args.prompts_file)
+
+
+# which drafters each model flag feeds: a flag whose drafters are all left out is a mistake
+MODEL_FLAGS = {"--draft": ("standalone",), "--medusa": ("medusa",), "--eagle": ("eagle", "eagle-chain")}
+
+
+def check_drafters(args, choices) -> None:
+    args.drafter_names = check.names("--drafters", args.drafters, choices, "all")
+    for flag, users in MODEL_FLAGS.items():
+        if getattr(args, flag[2:]) is not None and not set(users) & set(args.drafter_names):
+            raise UsageError(f"{flag} is given but --drafters ({', '.join(args.drafter_names)}) has no "
+                             f"{' or '.join(users)}")
+
+
+def drafter_choices() -> tuple[str, ...]:
+    import draftkit as dk
+
+    return tuple(dict.fromkeys((*dk.DRAFTERS, "eagle-chain")))
+
+
+def target_info(name: str | None):
+    """(folder or hub id, context length or None, tokenizer) of the target, read before its weights."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    from draftkit.zoo import ZooError, verified_path
+
+    try:
+        path = verified_path("target") if name in (None, "default") else name
+    except ZooError as e:
+        raise UsageError(f"the shipped target: {e}") from None
+    from huggingface_hub.utils import logging as hub_logging
+    from transformers.utils import logging as hf_logging
+
+    levels = hub_logging.get_verbosity(), hf_logging.get_verbosity()
+    hub_logging.set_verbosity_error()  # their retry warnings would be extra lines: the error below says it all
+    hf_logging.set_verbosity_error()
+    try:
+        cfg = AutoConfig.from_pretrained(path)
+        tok = AutoTokenizer.from_pretrained(path)
+    except Exception as e:  # noqa: BLE001 - transformers raises OSError, ValueError, KeyError...
+        why = check.error_message(e)
+        raise UsageError(f"--target {path!r}: cannot read its config and tokenizer ({why})") from None
+    finally:
+        hub_logging.set_verbosity(levels[0])
+        hf_logging.set_verbosity(levels[1])
+    text = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+    context = getattr(text, "max_position_embeddings", None) or getattr(text, "n_positions", None)
+    return path, context, tok
+
+
+def build_prompts(args, tok, texts):
+    from eval.tasks import build_tasks, from_texts
+
+    try:
+        if texts is not None:
+            return from_texts(texts, tok, args.prompts)
+        return build_tasks(tok, args.task_names, args.prompts, args.prompt_len, args.seed)
+    except ValueError as e:
+        raise UsageError(str(e) if texts is not None else f"--prompt-len {args.prompt_len}: {e}") from None
+
+
+def prepare(argv, description: str | None = None):
+    """Every check, before any model loads. Returns (args, target path, tokenizer, tasks, notes)."""
+    from eval.tasks import fit_to_context
+
+    args = parse_args(argv, description)
+    texts = check_flags(args)
+    check_drafters(args, drafter_choices())
+    path, context, tok = target_info(args.target)
+    check.fits_context(context, args.max_new_tokens, None if texts is not None else args.prompt_len)
+    tasks = build_prompts(args, tok, texts)
+    notes = []
+    cuts = fit_to_context(tasks, context - args.max_new_tokens) if context else []
+    if cuts:
+        n = sum(len(p) for p in tasks.values())
+        by = f"{min(cuts)}-{max(cuts)}" if min(cuts) < max(cuts) else f"{min(cuts)}"
+        notes.append(f"warning: {len(cuts)} of {n} prompts are longer than the {context - args.max_new_tokens} tokens "
+                     f"that fit (context {context} - --max-new-tokens {args.max_new_tokens}): cut from the left by "
+                     f"{by} tokens")
+    if args.temperature > 0 and not args.no_peers:
+        notes.append("note: transformers' peer rows run greedy only: skipped when sampling")
+    if args.temperature == 0 and args.top_p != 1.0:
+        notes.append("note: --top-p applies only when sampling (--temperature > 0): ignored")
+    args.out = check.out_folder(args.out)
+    return args, path, tok, tasks, notes
