@@ -110,7 +110,6 @@ def run(args, target_path, tok, tasks, notes, started: float) -> int:
     from eval.measure import measure, warm_up
     from eval.report import RunWriter, format_table, log_wandb, quiet_warnings
     from eval.rows import error_row, task_rows
-    from verify.controller import CostProfile
 
     from transformers.utils import logging as hf_logging
 
@@ -142,7 +141,7 @@ def run(args, target_path, tok, tasks, notes, started: float) -> int:
                         getattr(m.run, "new_task", lambda *a: None)(prompts[0].ids, task == "repeated")
                     res = measure(methods, [p.ids for p in prompts], args.repeats, bar,
                                   on_error=lambda m, i, msg, tb: failed(task, m, msg, tb, prompts[i].source))
-                    curve = CostProfile.for_model(target, len(prompts[0].ids)).c
+                    curve = verify_curve(target, len(prompts[0].ids))
                     for row in task_rows(task, methods, res, greedy=args.temperature == 0, cost_curve=curve):
                         writer.add(row)
     except KeyboardInterrupt:
@@ -168,6 +167,17 @@ def run(args, target_path, tok, tasks, notes, started: float) -> int:
         print(f"{len(writer.errors)} failure(s): see the FAILED rows", file=sys.stderr)
         status = 1
     return status
+
+
+def verify_curve(target, context: int):
+    """c(n) of the target at this context (the controller's saved profile), or None for a model the
+    profile cannot time (the predicted-speedup column is then left empty)."""
+    from verify.controller import CostProfile
+
+    try:
+        return CostProfile.for_model(target, context).c
+    except (AttributeError, TypeError, RuntimeError, ValueError):
+        return None
 
 
 def settings_of(args) -> dict:

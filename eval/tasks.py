@@ -8,11 +8,8 @@
 """
 from __future__ import annotations
 
-import json
 import random
 from dataclasses import dataclass
-
-from train.data import PROSE_FILE, build_local_corpus
 
 TASKS = ("code", "copy", "prose")
 
@@ -39,6 +36,8 @@ def _windows(texts: list[tuple[str, str]], tokenizer, n: int, length: int, seed:
 
 
 def held_out_texts():
+    from train.data import PROSE_FILE, build_local_corpus  # reads the corpus: only when tasks are built
+
     corpus = build_local_corpus()
     code = [(p, t) for p, t in zip(corpus.heldout["path"], corpus.heldout["text"]) if p != PROSE_FILE]
     prose = [(p, t) for p, t in zip(corpus.heldout["path"], corpus.heldout["text"]) if p == PROSE_FILE]
@@ -65,22 +64,25 @@ def build_tasks(tokenizer, tasks=TASKS, n: int = 8, length: int = 192, seed: int
     return out
 
 
-def load_jsonl(path: str, tokenizer, n: int | None = None, max_len: int = 512) -> dict[str, list[Prompt]]:
-    """{"prompt": str} or Spec-Bench question.jsonl ({"turns": [str, ...], "category": ...}) per line."""
+def from_texts(texts, tokenizer, n: int | None = None) -> dict[str, list[Prompt]]:
+    """Tokenized prompts of a prompts file (eval.cli_checks.read_prompts_file), at most n per task."""
     out: dict[str, list[Prompt]] = {}
-    with open(path) as fh:
-        for line_no, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            row = json.loads(line)
-            text = row.get("prompt") or (row.get("turns") or [None])[0]
-            if not isinstance(text, str):
-                raise ValueError(f"{path}:{line_no}: expected a 'prompt' string or a 'turns' list")
-            task = row.get("category") or row.get("task") or "jsonl"
-            ids = tokenizer(text)["input_ids"][-max_len:]
-            out.setdefault(task, []).append(Prompt(task, ids, f"{path}:{line_no}"))
-    if n:
-        out = {k: v[:n] for k, v in out.items()}
-    if not out:
-        raise ValueError(f"{path} holds no prompts")
+    for t in texts:
+        ids = tokenizer(t.text)["input_ids"]
+        if not ids:
+            raise ValueError(f"{t.source}: the prompt tokenizes to no tokens")
+        if not n or len(out.get(t.task, [])) < n:
+            out.setdefault(t.task, []).append(Prompt(t.task, ids, t.source))
     return out
+
+
+def fit_to_context(tasks: dict[str, list[Prompt]], room: int) -> list[int]:
+    """Cut every prompt longer than `room` tokens from the left (the end is what the model continues).
+    Returns how many tokens each cut prompt lost."""
+    cuts = []
+    for prompts in tasks.values():
+        for p in prompts:
+            if len(p.ids) > room:
+                cuts.append(len(p.ids) - room)
+                p.ids = p.ids[-room:]
+    return cuts

@@ -15,11 +15,12 @@ def test_default_models_are_shipped():
 
 
 def test_quick_compare_runs_and_nothing_is_lost(tmp_path):
-    out = tmp_path / "quick.json"
-    proc = subprocess.run([sys.executable, "eval/compare.py", "--quick", "--drafters", "all", "--json", str(out),
-                           "--plots", str(tmp_path / "plots")], capture_output=True, text=True, timeout=600)
+    out = tmp_path / "quick"
+    proc = subprocess.run([sys.executable, "eval/compare.py", "--quick", "--drafters", "all", "--out", str(out)],
+                          capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    report = json.loads(out.read_text())
+    report = json.loads((out / "compare.json").read_text())
+    assert len((out / "rows.jsonl").read_text().splitlines()) == len(report["rows"])
     rows = report["rows"]
     assert {r["drafter"] for r in rows} >= {"plain", "standalone", "medusa", "eagle", "eagle-chain", "lookahead"}
     for row in rows:
@@ -29,7 +30,7 @@ def test_quick_compare_runs_and_nothing_is_lost(tmp_path):
     drafted = [r for r in rows if r["kind"] == "draftkit"]
     assert all(r["tau"] >= 1.0 and r["acceptance_by_depth"] for r in drafted)
     assert any(r["tau"] > 1.2 for r in drafted)  # trained drafters are accepted
-    assert (tmp_path / "plots" / "speedup.png").exists()
+    assert (out / "speedup.png").exists() and (out / "compare.txt").exists()
 
 
 @pytest.mark.slow
@@ -40,11 +41,11 @@ def test_shipped_drafters_are_lossless_on_long_generations():
 
     target, tok = dk.load_target()
     prompts = [p.ids for t in build_tasks(tok, ["code", "prose"], n=3, seed=11).values() for p in t]
-    drafters = {"standalone": dk.make_drafter("standalone", target, k=5),
-                "standalone-tree": dk.make_drafter("standalone", target, k=4, top_k=3, total_tokens=16),
+    drafters = {"standalone": dk.make_drafter("standalone", target, max_depth=5),
+                "standalone-tree": dk.make_drafter("standalone", target, max_depth=4, top_k=3, max_nodes=16),
                 "medusa": dk.make_drafter("medusa", target, tree_size=32),
-                "eagle": dk.make_drafter("eagle", target, depth=6, top_k=6, total_tokens=48),
-                "eagle-chain": dk.make_drafter("eagle", target, depth=5, chain=True),
+                "eagle": dk.make_drafter("eagle", target, depth=6, top_k=6, max_nodes=48),
+                "eagle-chain": dk.make_drafter("eagle-chain", target, max_depth=5),
                 "lookahead": dk.make_drafter("lookahead", target, ngram=5, window=7, guesses=7)}
     for ids in prompts:
         ref = dk.generate(target, ids, max_new_tokens=256).tokens.tolist()

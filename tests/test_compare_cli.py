@@ -1,0 +1,239 @@
+"""eval/compare.py as a newcomer meets it: one-line errors before any model loads, presets that
+explicit flags override, prompts cut with a warning, failures that lose nothing."""
+import json
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from eval import cli, compare
+from eval.cli_checks import PromptText
+from eval.footprint import footprint, param_count
+from eval.measure import Method
+from eval.tasks import fit_to_context, from_texts
+
+
+@pytest.fixture
+def no_models(monkeypatch):
+    """Any model load, or reaching the run at all, fails the test: bad input must stop before."""
+    import draftkit as dk
+    from transformers import AutoModelForCausalLM
+
+    def boom(*a, **k):
+        raise AssertionError("a model was loaded")
+
+    monkeypatch.setattr(dk, "load_model", boom)
+    monkeypatch.setattr(dk, "load_target", boom)
+    monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", boom)
+    monkeypatch.setattr(compare, "run", boom)
+
+
+def usage_error(capsys, *argv) -> str:
+    """Run main(argv); check exit code 2 and exactly one line on stderr, no traceback; return that line."""
+    code = compare.main(list(argv))
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert "Traceback" not in err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    return lines[0]
+
+
+BAD_FLAGS = [
+    (["--max-new-tokens", "0"], "--max-new-tokens must be >= 1, got 0"),
+    (["--max-new-tokens", "-5"], "--max-new-tokens must be >= 1, got -5"),
+    (["--temperature", "-1"], "--temperature must be a finite number >= 0"),
+    (["--temperature", "nan"], "--temperature must be a finite number >= 0 (0 = greedy), got nan"),
+    (["--top-p", "1.5"], "--top-p must be in (0, 1], got 1.5"),
+    (["--top-p", "0"], "--top-p must be in (0, 1], got 0.0"),
+    (["--max-depth", "0"], "--max-depth must be >= 1, got 0"),
+    (["--max-depth", "abc"], "argument --max-depth: invalid int value: 'abc'"),
+    (["--eagle-top-k", "0"], "--eagle-top-k must be >= 1, got 0"),
+    (["--budget", "sometimes"], "argument --budget: invalid choice: 'sometimes'"),
+    (["--batch-sizes", "4,x"], "--batch-sizes takes a comma list of integers, got '4,x'"),
+    (["--tasks", "foo"], "--tasks: unknown 'foo'; choose from code, copy, prose"),
+    (["--tasks", ""], "--tasks is empty"),
+    (["--repeats", "0"], "--repeats must be >= 1, got 0"),
+    (["--prompts", "0"], "--prompts must be >= 1, got 0"),
+    (["--prompt-len", "0"], "--prompt-len must be >= 1, got 0"),
+    (["--target", "no/such/model"], "--target 'no/such/model' is neither an existing folder nor a hub id"),
+    (["--target", "./no/such/folder"], "--target './no/such/folder' is neither an existing folder nor a hub id"),
+    (["--target", ""], "--target is empty"),
+    (["--draft", "a//b"], "--draft 'a//b' is neither an existing folder nor a hub id"),
+    (["--quick", "--full"], "argument --full: not allowed with argument --quick"),
+    (["--drafters", ""], "--drafters is empty; choose from"),
+    (["--drafters", "standalone,foo"], "--drafters: unknown 'foo'"),
+    (["--drafters", "eagle,eagle"], "--drafters: 'eagle' listed more than once"),
+    (["--drafters", "lookahead", "--medusa", "zoo/medusa"],
+     "--medusa is given but --drafters (lookahead) has no medusa"),
+    (["--max-new-tokens", "2000"], "--max-new-tokens 2000 does not fit the target's context of 1024 positions"),
+    (["--prompt-len", "1000", "--max-new-tokens", "100"],
+     "--prompt-len 1000 + --max-new-tokens 100 exceed the target's context of 1024 positions"),
+    (["--unknown-flag"], "unrecognized arguments: --unknown-flag"),
+    (["--prompts-file"], "argument --prompts-file: expected one argument"),
+]
+
+
+@pytest.mark.parametrize("argv,message", BAD_FLAGS, ids=[" ".join(a) for a, _ in BAD_FLAGS])
+def test_bad_flag_is_one_line_and_exit_2_before_any_model(no_models, capsys, tmp_path, argv, message):
+    line = usage_error(capsys, *argv, "--out", str(tmp_path / "out"))
+    assert message in line
+    assert not (tmp_path / "out").exists()  # nothing is created for a run that never starts
+
+
+def _file(tmp_path, text: str) -> str:
+    path = tmp_path / "prompts.jsonl"
+    path.write_text(text)
+    return str(path)
+
+
+BAD_FILES = [
+    ("", "prompts.jsonl: holds no prompts (empty file)"),
+    ("\n  \n", "prompts.jsonl: holds no prompts (empty file)"),
+    ('{"prompt": "a"}\n{"prompt": "b"}\n{"prompt": oops}\n', "prompts.jsonl:3: invalid JSON (Expecting value"),
+    ('{"prompt": ""}\n', 'prompts.jsonl:1: "prompt" is empty'),
+    ('{"prompt": "a"}\n["a", "list"]\n',
+     'prompts.jsonl:2: expected a JSON object such as {"prompt": "..."}, got a list'),
+    ("42\n", "prompts.jsonl:1: expected a JSON object such as {\"prompt\": \"...\"}, got a number"),
+    ('"just text"\n', "prompts.jsonl:1: expected a JSON object such as {\"prompt\": \"...\"}, got a string"),
+    ('{"text": "a"}\n', 'prompts.jsonl:1: no "prompt" key (nor Spec-Bench "turns")'),
+    ('{"prompt": 5}\n', 'prompts.jsonl:1: "prompt" must be a string, got a number'),
+    ('{"turns": []}\n', 'prompts.jsonl:1: "turns" must be a non-empty list of strings'),
+    ('{"turns": [""]}\n', 'prompts.jsonl:1: "turns"[0] is empty'),
+]
+
+
+@pytest.mark.parametrize("text,message", BAD_FILES, ids=[t[:24] or "empty" for t, _ in BAD_FILES])
+def test_bad_prompts_file_names_file_and_line(no_models, capsys, tmp_path, text, message):
+    line = usage_error(capsys, "--prompts-file", _file(tmp_path, text), "--out", str(tmp_path / "out"))
+    assert message in line
+
+
+def test_missing_prompts_file_and_folder(no_models, capsys, tmp_path):
+    assert "no such file" in usage_error(capsys, "--prompts-file", str(tmp_path / "nope.jsonl"))
+    assert "is a folder" in usage_error(capsys, "--prompts-file", str(tmp_path))
+
+
+def test_target_folder_that_is_no_model(no_models, capsys, tmp_path):
+    assert "holds no config.json" in usage_error(capsys, "--target", str(tmp_path))
+    (tmp_path / "config.json").write_text("{}")
+    line = usage_error(capsys, "--target", str(tmp_path), "--drafters", "lookahead")
+    assert line.startswith(f"compare.py: error: --target '{tmp_path}': cannot read its config and tokenizer (")
+
+
+def test_tasks_and_prompts_file_exclude_each_other(no_models, capsys, tmp_path):
+    line = usage_error(capsys, "--prompts-file", _file(tmp_path, '{"prompt": "a"}\n'), "--tasks", "code")
+    assert "--tasks applies to the built-in tasks; --prompts-file replaces them" in line
+
+
+def test_cli_subprocess_fails_fast_without_traceback():
+    t0 = time.perf_counter()
+    proc = subprocess.run([sys.executable, "eval/compare.py", "--repeats", "0"], capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == ["compare.py: error: --repeats must be >= 1, got 0"]
+    assert time.perf_counter() - t0 < 20  # no torch, no model: an interpreter start
+
+
+def test_debug_shows_the_traceback(no_models, capsys):
+    assert compare.main(["--max-depth", "0", "--debug"]) == 2
+    assert "Traceback" in capsys.readouterr().err
+
+
+def test_explicit_flags_win_over_presets():
+    quick = cli.parse_args(["--quick", "--max-new-tokens", "64", "--repeats", "3"])
+    assert (quick.max_new_tokens, quick.repeats) == (64, 3)
+    assert (quick.prompts, quick.tasks) == (cli.PRESETS["quick"]["prompts"], cli.PRESETS["quick"]["tasks"])
+    assert quick.explicit == ["max_new_tokens", "repeats"]
+    full = cli.parse_args(["--full", "--prompts", "1"])
+    assert full.prompts == 1 and full.max_new_tokens == cli.PRESETS["full"]["max_new_tokens"]
+    plain = cli.parse_args([])
+    assert {k: getattr(plain, k) for k in cli.PRESETS["default"]} == cli.PRESETS["default"]
+
+
+def test_help_shows_every_default():
+    parser = cli.build_parser()
+    formatter = parser._get_formatter()
+    for action in parser._actions:
+        if action.option_strings and action.dest != "help":
+            assert "default" in formatter._get_help_string(action), action.option_strings
+
+
+class CharTokenizer:
+    def __call__(self, text):
+        return {"input_ids": [ord(c) % 64 for c in text]}
+
+
+def test_long_prompts_are_cut_from_the_left_and_reported(monkeypatch, tmp_path):
+    texts = [PromptText("jsonl", "abcdefghijklmnopqrst", "f:1"), PromptText("jsonl", "xyz", "f:2")]
+    tasks = from_texts(texts, CharTokenizer())
+    assert fit_to_context(tasks, 8) == [12]
+    assert tasks["jsonl"][0].ids == CharTokenizer()("mnopqrst")["input_ids"]  # the end is kept
+    assert tasks["jsonl"][1].ids == CharTokenizer()("xyz")["input_ids"]
+
+    path = _file(tmp_path, '{"prompt": "abcdefghijklmnopqrst"}\n{"prompt": "xyz"}\n')
+    monkeypatch.setattr(cli, "target_info", lambda name: ("fake", 16, CharTokenizer()))
+    monkeypatch.setattr(cli, "drafter_choices", lambda: ("lookahead",))
+    args, _, _, tasks, notes = cli.prepare(["--prompts-file", path, "--max-new-tokens", "8",
+                                            "--out", str(tmp_path / "out")])
+    assert [len(p.ids) for p in tasks["jsonl"]] == [8, 3]
+    assert notes == ["warning: 1 of 2 prompts are longer than the 8 tokens that fit (context 16 - --max-new-tokens "
+                     "8): cut from the left by 12 tokens"]
+
+
+def _fake_run(fail_on=None):
+    def run(ids):
+        if fail_on is not None and ids == fail_on:
+            raise RuntimeError("injected failure\nsecond line")
+        return list(ids[-4:]), None
+    return run
+
+
+def test_a_failure_loses_no_other_row_and_the_exit_code_says_so(monkeypatch, tmp_path, capsys):
+    import draftkit as dk
+
+    lines = ['{"prompt": "aaaa", "category": "one"}', '{"prompt": "bbbb", "category": "one"}',
+             '{"prompt": "cccc", "category": "two"}']
+    path = _file(tmp_path, "\n".join(lines) + "\n")
+    bad_ids = CharTokenizer()("bbbb")["input_ids"]
+    monkeypatch.setattr(cli, "target_info", lambda name: ("fake", 256, CharTokenizer()))
+    monkeypatch.setattr(cli, "drafter_choices", lambda: ("good", "flaky"))
+    monkeypatch.setattr(dk, "load_model", lambda path: torch.nn.Linear(2, 2))
+    methods = [Method("plain", _fake_run()), Method("good", _fake_run()), Method("flaky", _fake_run(bad_ids))]
+    monkeypatch.setattr(compare, "build_methods", lambda *a, **k: methods)
+    out = tmp_path / "out"
+    code = compare.main(["--prompts-file", path, "--drafters", "good,flaky", "--repeats", "2", "--out", str(out),
+                         "--no-plots"])
+    assert code == 1
+    rows = [json.loads(line) for line in (out / "rows.jsonl").read_text().splitlines()]
+    measured = {(r["task"], r["drafter"]) for r in rows if not r.get("error")}
+    assert measured == {(t, m) for t in ("one", "two") for m in ("plain", "good", "flaky")}
+    errors = [r for r in rows if r.get("error")]
+    assert len(errors) == 1  # the failed pair is not run again in the next repeat
+    assert errors[0]["drafter"] == "flaky" and errors[0]["task"] == "one"
+    assert errors[0]["error"] == "RuntimeError: injected failure" and errors[0]["prompt"].endswith(":2")
+    flaky_one = next(r for r in rows if r["task"] == "one" and r["drafter"] == "flaky" and not r.get("error"))
+    assert flaky_one["prompts"] == 1 and flaky_one["failed_prompts"] == 1
+    report = json.loads((out / "compare.json").read_text())
+    assert len(report["rows"]) == len(rows)
+    assert "FAILED flaky" in capsys.readouterr().err
+
+
+def test_footprint_counts_what_the_drafter_adds():
+    target = torch.nn.Linear(8, 8)
+
+    class Drafter:
+        def __init__(self):
+            self.own = torch.nn.Linear(8, 4, bias=False)  # 32 float32 parameters
+            self.head = target  # shared with the target: counts nothing
+            self.mask = torch.zeros(10, dtype=torch.bool)
+            self.view = self.mask[:5]  # the same storage: counted once
+            self.pool = {1: [2, 3]}
+            self.depth = 4  # a setting, not a buffer
+
+    d = Drafter()
+    mem = footprint(d, target)
+    assert mem["params"] == 32 * 4 and mem["kv"] == 0
+    assert mem["buffers"] >= 10 and param_count(d, target) == 32
