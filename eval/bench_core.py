@@ -1,13 +1,16 @@
-"""Benchmark of the core: tree verification cost and the model-free / standalone drafters
-against plain decoding and transformers' own speculative paths, interleaved in one run.
+"""Benchmark of the decoding core, side by side in one run on this machine.
 
-    python eval/bench_core.py                      # the shipped default models
+    python eval/bench_core.py                      # the shipped default models (about 2 minutes)
     python eval/bench_core.py --target runs/target/final --draft runs/draft/final
 
-Prints (1) ms per verification step for trees of 1, 8, 32 and 64 nodes beside one
-plain decoding step, at a 256-token context; (2) tokens/s of lookahead and standalone
-against plain decoding, `generate(prompt_lookup_num_tokens=...)` and
-`generate(assistant_model=...)` on held-out code prompts.
+Prints:
+ 1. ms of a raw transformers forward (DynamicCache, the model's own causal mask) over
+    1, 8, 32 and 64 new tokens at a 256-token context, beside draftkit's verifier forward
+    over the same token counts (the root + a chain, and the root + a bushy tree), and the
+    verifier's overhead on top of the raw forward;
+ 2. the loop's own time per decoding step outside model forwards (plain decoding);
+ 3. the share of each step spent drafting for EAGLE and the standalone draft (fixed budgets);
+ 4. plain decoding through draftkit against transformers' `generate`, interleaved.
 """
 from __future__ import annotations
 
@@ -20,105 +23,149 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import torch  # noqa: E402
-from tqdm import tqdm  # noqa: E402
+from transformers import DynamicCache  # noqa: E402
 
 import draftkit as dk  # noqa: E402
-from drafters.base import DraftTree  # noqa: E402
-from drafters.lookahead import LookaheadDrafter  # noqa: E402
-from drafters.standalone import StandaloneDrafter  # noqa: E402
 from eval.measure import Method, measure, median_spread, speedups  # noqa: E402
-from eval.peers import hf_assisted, hf_plain, hf_prompt_lookup  # noqa: E402
+from eval.peers import hf_plain  # noqa: E402
 from eval.tasks import build_tasks  # noqa: E402
-from verify.cache import compact  # noqa: E402
+from verify.contract import DraftTree  # noqa: E402
 from verify.forward import Verifier  # noqa: E402
 
 
-def branchy_tree(n: int, vocab: int) -> DraftTree:
-    """n nodes, 4 children per node breadth-first (a bushy tree like the methods' trees)."""
+def bushy(n: int, vocab: int) -> DraftTree:
+    """n nodes, 4 children per node breadth-first (like the methods' trees)."""
     g = torch.Generator().manual_seed(n)
-    parents = [-1 if i < 4 else (i - 4) // 4 for i in range(n)]
-    return DraftTree(torch.randint(0, vocab, (n,), generator=g), torch.tensor(parents)).validate()
+    return DraftTree.from_lists(torch.randint(0, vocab, (n,), generator=g).tolist(),
+                                [-1 if i < 4 else (i - 4) // 4 for i in range(n)]).validate()
 
 
-def verify_cost(target, context: int, sizes, reps: int) -> dict[int, float]:
-    """Median ms of one verification forward (+ compaction) per tree size; 0 = plain step."""
-    ver = Verifier(target)
-    vocab = ver.vocab_size
-    ctx = torch.randint(0, vocab, (context,), generator=torch.Generator().manual_seed(0))
-    ver.forward(ctx, DraftTree.empty().validate(), hidden=False)
-    ver.cache_len = context
-    out = {}
-    for n in [0, *sizes]:
-        tree = DraftTree.empty().validate() if n == 0 else (
-            DraftTree.chain(torch.tensor([1])).validate() if n == 1 else branchy_tree(n, vocab))
-        times = []
-        for r in range(reps + 3):
+@torch.no_grad()
+def forward_costs(target, context: int, sizes, reps: int) -> dict[str, dict[int, float]]:
+    """Median ms per forward of `n` new tokens: raw transformers, verifier chain, verifier tree."""
+    vocab = target.get_output_embeddings().weight.shape[0]
+    ctx = torch.randint(0, vocab, (1, context), generator=torch.Generator().manual_seed(0))
+    raw = DynamicCache(config=target.config)
+    target(input_ids=ctx, cache=raw, use_cache=True)
+    ver = Verifier(target, capacity=context + max(sizes) + 1)
+    ver.forward(ctx[0], DraftTree.empty().validate())
+    ver.commit(context, [])
+    root = ctx[0, -1:]
+    runs = {}
+    for n in sizes:
+        ids = torch.randint(0, vocab, (1, n), generator=torch.Generator().manual_seed(n))
+        chain = DraftTree.chain(ids[0, 1:].tolist()).validate()
+        tree = bushy(n - 1, vocab)
+
+        def raw_forward(ids=ids):
+            target(input_ids=ids, cache=raw, use_cache=True, logits_to_keep=ids.shape[1])
+            raw.crop(-ids.shape[1])
+
+        def ver_forward(tree):
+            ver.forward(root, tree)
+            ver.kv.drop_pending()
+
+        runs[("raw", n)] = raw_forward
+        runs[("chain", n)] = lambda chain=chain: ver_forward(chain)
+        runs[("tree", n)] = lambda tree=tree: ver_forward(tree)
+    times = {k: [] for k in runs}
+    for rep in range(reps + 2):  # interleaved; the first two rounds warm up
+        for key, fn in runs.items():
             t0 = time.perf_counter()
-            ver.forward(torch.tensor([5]), tree, hidden=False)
-            compact(ver.cache, ver.cache_len, 1, len(tree), [])
-            times.append(time.perf_counter() - t0)
-            compact(ver.cache, ver.cache_len, 0, 1, [])  # drop the root entry again: same context every time
-        out[n] = statistics.median(times[3:]) * 1e3
+            fn()
+            if rep >= 2:
+                times[key].append(time.perf_counter() - t0)
+    out: dict[str, dict[int, float]] = {"raw": {}, "chain": {}, "tree": {}}
+    for (kind, n), ts in times.items():
+        out[kind][n] = statistics.median(ts) * 1e3
+    return out
+
+
+class ForwardClock:
+    """Total seconds spent inside a module's forward (hooks on the top-level module)."""
+
+    def __init__(self, module):
+        self.total, self._t0 = 0.0, 0.0
+        self.hooks = [module.register_forward_pre_hook(self._start), module.register_forward_hook(self._stop)]
+
+    def _start(self, *args):
+        self._t0 = time.perf_counter()
+
+    def _stop(self, *args):
+        self.total += time.perf_counter() - self._t0
+
+    def close(self):
+        for h in self.hooks:
+            h.remove()
+
+
+def loop_overhead(target, prompts, n: int) -> tuple[float, float]:
+    """(ms per plain step outside model forwards, ms per plain step in total)."""
+    dk.generate(target, prompts[0], max_new_tokens=8, eos_token_id=[])  # warm up
+    clock = ForwardClock(target)
+    steps, t0 = 0, time.perf_counter()
+    for ids in prompts:
+        steps += len(dk.generate(target, ids, max_new_tokens=n, eos_token_id=[]).stats.steps)
+    total = time.perf_counter() - t0
+    clock.close()
+    return (total - clock.total) / steps * 1e3, total / steps * 1e3
+
+
+def draft_shares(target, tok, prompts, n: int) -> dict[str, tuple[float, float]]:
+    """(draft share of a step, tau) for EAGLE's tree and chain and the standalone chain, fixed budgets."""
+    out = {}
+    for name in ("eagle", "eagle-chain", "standalone"):
+        drafter = dk.make_drafter(name, target, tokenizer=tok)
+        stats = None
+        for ids in prompts:
+            s = dk.generate(target, ids, drafter, max_new_tokens=n, eos_token_id=[], budget="fixed").stats
+            stats = s if stats is None else stats.merge(s)
+        steps = stats.decode_steps
+        draft = sum(s.draft_s for s in steps)
+        out[name] = (draft / (draft + sum(s.verify_s for s in steps)), stats.tau)
     return out
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--target", default=None, help="target model path or hub id (default: the shipped target)")
-    ap.add_argument("--draft", default=None, help="standalone draft model (default: the shipped draft)")
-    ap.add_argument("--prompts", type=int, default=6, help="held-out code prompts")
-    ap.add_argument("--max-new-tokens", type=int, default=96, help="tokens generated per prompt")
-    ap.add_argument("--repeats", type=int, default=3, help="interleaved repeats (median reported)")
-    ap.add_argument("--k", type=int, default=4, help="standalone chain length and assisted-generation length")
-    ap.add_argument("--reps", type=int, default=30, help="timing repetitions per tree size")
+    ap.add_argument("--prompts", type=int, default=6, help="held-out code prompts (default: 6)")
+    ap.add_argument("--max-new-tokens", type=int, default=96, help="tokens generated per prompt (default: 96)")
+    ap.add_argument("--repeats", type=int, default=3, help="interleaved repeats, median reported (default: 3)")
+    ap.add_argument("--reps", type=int, default=30, help="timing repetitions per forward size (default: 30)")
     args = ap.parse_args(argv)
+    for flag in ("prompts", "max_new_tokens", "repeats", "reps"):
+        if getattr(args, flag) < 1:
+            ap.error(f"--{flag.replace('_', '-')} must be >= 1")
 
     target, tok = dk.load_target(args.target)
-    draft = dk.load_model(args.draft, default="draft")
-    print(f"target {sum(p.numel() for p in target.parameters()) / 1e6:.1f}M params, "
-          f"draft {sum(p.numel() for p in draft.parameters()) / 1e6:.1f}M, {torch.get_num_threads()} threads")
-
-    cost = verify_cost(target, 256, (1, 8, 32, 64), args.reps)
-    draft_step = verify_cost(draft, 256, (), args.reps)[0]
-    print(f"\none step at a 256-token context: target {cost[0]:.2f} ms, draft {draft_step:.2f} ms, "
-          f"phi = {draft_step / cost[0]:.3f}")
-    print("\nverification forward at a 256-token context (median ms)")
-    print(f"{'tree nodes':>10} {'ms':>8} {'x plain step':>13}")
-    for n, ms in cost.items():
-        print(f"{'plain' if n == 0 else n:>10} {ms:8.2f} {ms / cost[0]:13.2f}")
+    print(f"target {sum(p.numel() for p in target.parameters()) / 1e6:.1f}M params, {torch.get_num_threads()} threads")
+    sizes = (1, 8, 32, 64)
+    cost = forward_costs(target, 256, sizes, args.reps)
+    print("\n1. one forward of n new tokens at a 256-token context (median ms)")
+    print(f"{'n':>4} {'raw':>8} {'verifier chain':>15} {'overhead':>9} {'verifier tree':>14} {'overhead':>9}")
+    for n in sizes:
+        r, c, t = cost["raw"][n], cost["chain"][n], cost["tree"][n]
+        print(f"{n:>4} {r:8.2f} {c:15.2f} {100 * (c / r - 1):+8.1f}% {t:14.2f} {100 * (t / r - 1):+8.1f}%")
 
     prompts = [p.ids for p in build_tasks(tok, ["code"], n=args.prompts)["code"]]
-    n, eos = args.max_new_tokens, []
+    outside, per_step = loop_overhead(target, prompts, args.max_new_tokens)
+    print(f"\n2. plain decoding: {per_step:.2f} ms per step, of which {outside:.3f} ms outside model forwards")
 
-    def ours(drafter_fn):
-        return lambda ids: (lambda o: (o.tokens.tolist(), o.stats))(
-            dk.generate(target, ids, drafter_fn(), max_new_tokens=n, eos_token_id=eos))
+    print("\n3. draft share of a step (fixed budgets, held-out code)")
+    for name, (share, tau) in draft_shares(target, tok, prompts[:3], args.max_new_tokens).items():
+        print(f"   {name:12} {100 * share:5.1f}% of each step drafting, tau {tau:.2f}")
 
-    methods = [
-        Method("plain", ours(lambda: None)),
-        Method("lookahead", ours(lambda: LookaheadDrafter())),
-        Method("prompt-lookup (ours)", ours(lambda: LookaheadDrafter(window=0))),
-        Method(f"standalone K={args.k}", ours(lambda: StandaloneDrafter(draft, k=args.k))),
-        Method("hf plain generate", hf_plain(target, n, None), "peer"),
-        Method("hf prompt_lookup_num_tokens=10", hf_prompt_lookup(target, 10, n, None), "peer"),
-        Method(f"hf assistant_model K={args.k}", hf_assisted(target, draft, args.k, n, None), "peer"),
-    ]
-    with tqdm(total=args.repeats * len(prompts) * len(methods), desc="interleaved runs") as bar:
-        res = measure(methods, prompts, args.repeats, bar)
-    base = res["plain"]
-    print(f"\n{len(prompts)} held-out code prompts x {n} new tokens, greedy, {args.repeats} interleaved repeats")
-    print(f"{'method':34} {'tok/s':>8} {'vs plain':>9} {'tau':>6} {'same as plain':>14}")
-    for m in methods:
-        r = res[m.name]
-        sp, lo, hi = median_spread(speedups(r, base))
-        tau = f"{r.stats.tau:6.2f}" if r.stats.steps else "     -"
-        same = sum(a == b for a, b in zip(r.outputs, base.outputs))
-        print(f"{m.name:34} {statistics.median(r.tokens_per_s):8.1f} {sp:8.2f}x {tau} {same:>8}/{len(prompts)}")
-    for ours_name, peer in (("lookahead", "hf prompt_lookup_num_tokens=10"),
-                            ("prompt-lookup (ours)", "hf prompt_lookup_num_tokens=10"),
-                            (f"standalone K={args.k}", f"hf assistant_model K={args.k}")):
-        ratio = statistics.median(a / b for a, b in zip(res[ours_name].tokens_per_s, res[peer].tokens_per_s))
-        print(f"{ours_name} / {peer}: {ratio:.2f}x")
+    n = args.max_new_tokens
+    methods = [Method("plain (draftkit)", lambda ids: (lambda o: (o.tokens.tolist(), o.stats))(
+        dk.generate(target, ids, max_new_tokens=n, eos_token_id=[]))),
+        Method("hf generate", hf_plain(target, n, None), "peer")]
+    res = measure(methods, prompts, args.repeats)
+    sp, lo, hi = median_spread(speedups(res["plain (draftkit)"], res["hf generate"]))
+    same = sum(a == b for a, b in zip(res["plain (draftkit)"].outputs, res["hf generate"].outputs))
+    print(f"\n4. plain decoding through draftkit / transformers generate: {sp:.2f}x [{lo:.2f}-{hi:.2f}] "
+          f"({statistics.median(res['plain (draftkit)'].tokens_per_s):.0f} vs "
+          f"{statistics.median(res['hf generate'].tokens_per_s):.0f} tok/s; identical outputs {same}/{len(prompts)})")
 
 
 if __name__ == "__main__":

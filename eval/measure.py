@@ -112,14 +112,6 @@ def median_spread(xs: list[float]) -> tuple[float, float, float]:
     return statistics.median(xs), min(xs), max(xs)
 
 
-def predicted_speedup(alpha: float, k: int, phi: float) -> float:
-    """Leviathan et al.: (1 - alpha^(K+1)) / ((1 - alpha)(K phi + 1))."""
-    if k <= 0:
-        return 1.0
-    gain = (k + 1) if alpha >= 1 else (1 - alpha ** (k + 1)) / (1 - alpha)
-    return gain / (k * phi + 1)
-
-
 def lossless_check(res: Result, base: Result, prompts) -> tuple[int, int]:
     """(identical outputs, prompts compared) against plain greedy decoding."""
     same = sum(res.outputs[i] == base.outputs[i] for i in prompts)
