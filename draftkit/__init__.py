@@ -24,7 +24,8 @@ from draftkit.models import load_model, load_target
 
 DRAFTERS = tuple(REGISTRY)
 
-__all__ = ["BestOfN", "Budget", "DRAFTERS", "best_of_n", "generate_batch", "DecodeState", "DraftTree", "Drafter", "GenerationOutput", "NoDrafter", "Sampling",
+__all__ = ["BestOfN", "Budget", "DRAFTERS", "best_of_n", "generate_batch", "DecodeState", "DraftTree", "Drafter",
+           "GenerationOutput", "NoDrafter", "Sampling",
            "StepResult", "ZooError", "generate", "load_model", "load_target", "make_drafter"]
 
 

@@ -101,6 +101,17 @@ def run_best_of(target, prompt, names, ns, n_new, repeats, temperature) -> list[
     return rows
 
 
+def format_batches(rows) -> str:
+    lines = [f"{'method':12} {'batch':>5} {'tok/s':>8} {'speedup':>8} {'tau':>5} {'same':>5} "
+             f"{'target KV':>10} {'draft KV':>9} {'buffers':>8}"]
+    for r in rows:
+        kv = r["kv_bytes"]
+        lines.append(f"{r['drafter']:12} {r['batch_size']:>5} {r['tokens_per_s']:8.1f} {r['speedup']:7.2f}x "
+                     f"{r['tau']:5.2f} {r['identical_to_plain']:>2}/{r['batch_size']:<2} {kv['target'] / 2**20:9.2f}M "
+                     f"{kv['draft'] / 2**20:8.2f}M {kv['buffers'] / 2**20:7.2f}M")
+    return "\n".join(lines)
+
+
 def plot(rows, path) -> None:
     import matplotlib
 
@@ -135,7 +146,8 @@ def main(argv=None):
     ap.add_argument("--repeats", type=int, default=2, help="interleaved repeats, median reported (default: 2)")
     ap.add_argument("--budget", choices=("auto", "fixed"), default="auto", help="draft budget policy (default: auto)")
     ap.add_argument("--temperature", type=float, default=0.8, help="best-of-N sampling temperature (default: 0.8)")
-    ap.add_argument("--out", default="runs/bench_batch", help="folder for the JSON and plot (default: runs/bench_batch)")
+    ap.add_argument("--out", default="runs/bench_batch",
+                    help="folder for the JSON and plot (default: runs/bench_batch)")
     args = ap.parse_args(argv)
     batch_sizes, ns = _ints(args.batch_sizes, "--batch-sizes"), _ints(args.best_of, "--best-of")
     names = [d.strip() for d in args.drafters.split(",") if d.strip()]
@@ -153,13 +165,7 @@ def main(argv=None):
     prompts = [p.ids[(len(p.ids) // 4) * (i % 2):] for i, p in enumerate(tasks)]
     batch_rows = run_batches(target, prompts, names, batch_sizes, args.max_new_tokens, args.repeats, args.budget)
     print(f"\nbatched decoding, {args.max_new_tokens} new tokens per row, budget {args.budget}")
-    print(f"{'method':12} {'batch':>5} {'tok/s':>8} {'speedup':>8} {'tau':>5} {'same':>5} "
-          f"{'target KV':>10} {'draft KV':>9} {'buffers':>8}")
-    for r in batch_rows:
-        kv = r["kv_bytes"]
-        print(f"{r['drafter']:12} {r['batch_size']:>5} {r['tokens_per_s']:8.1f} {r['speedup']:7.2f}x {r['tau']:5.2f} "
-              f"{r['identical_to_plain']:>2}/{r['batch_size']:<2} {kv['target'] / 2**20:9.2f}M "
-              f"{kv['draft'] / 2**20:8.2f}M {kv['buffers'] / 2**20:7.2f}M")
+    print(format_batches(batch_rows))
     best_rows = run_best_of(target, prompts[0], names, ns, args.max_new_tokens, args.repeats, args.temperature)
     print(f"\nbest-of-N, one prompt of {len(prompts[0])} tokens, {args.max_new_tokens} tokens per sample, "
           f"temperature {args.temperature}")

@@ -144,6 +144,8 @@ def run(args, target_path, tok, tasks, notes, started: float) -> int:
                     curve = verify_curve(target, len(prompts[0].ids))
                     for row in task_rows(task, methods, res, greedy=args.temperature == 0, cost_curve=curve):
                         writer.add(row)
+            if args.batch_size_list:
+                report["batches"] = batch_rows(args, target, next(iter(tasks.values())), bar)
     except KeyboardInterrupt:
         status = 130
         print("\ninterrupted: writing the rows finished so far", file=sys.stderr)
@@ -152,6 +154,13 @@ def run(args, target_path, tok, tasks, notes, started: float) -> int:
     report["seconds"] = round(time.perf_counter() - started, 1)
     report["warnings"] = warned
     paths = writer.finish(report, plots=not args.no_plots)
+    if report.get("batches"):
+        from eval.bench_batch import format_batches, plot
+
+        print("\n" + format_batches(report["batches"]))
+        if not args.no_plots:
+            rows = [r for r in report["batches"] if r["drafter"] != "plain"]
+            plot(rows, os.path.join(args.out, "speedup_by_batch.png"))
     print("\n" + format_table(report))
     for text, count in warned.items():
         print(f"warned {count}x during the run: {text}")
@@ -167,6 +176,18 @@ def run(args, target_path, tok, tasks, notes, started: float) -> int:
         print(f"{len(writer.errors)} failure(s): see the FAILED rows", file=sys.stderr)
         status = 1
     return status
+
+
+def batch_rows(args, target, prompts, bar) -> list[dict]:
+    """--batch-sizes: the first task's prompts decoded in batches (eval/bench_batch.py), speedup over plain
+    batched decoding of the same size and the KV bytes of each method, interleaved; one repeat each."""
+    from eval.bench_batch import run_batches
+
+    names = list(args.drafter_names)
+    ids = [p.ids for p in prompts]
+    ids = (ids * (max(args.batch_size_list) // len(ids) + 1))[:max(args.batch_size_list)]
+    bar.write(f"batches of {', '.join(map(str, args.batch_size_list))}: {', '.join(names)} and plain")
+    return run_batches(target, ids, names, args.batch_size_list, args.max_new_tokens, 1, args.budget)
 
 
 def verify_curve(target, context: int):

@@ -44,7 +44,8 @@ def as_prompt(input_ids, vocab_size: int) -> torch.Tensor:
     if ids.dtype not in (torch.int32, torch.int64):
         raise TypeError(f"the prompt must be integer token ids, got {ids.dtype}")
     if int(ids.min()) < 0 or int(ids.max()) >= vocab_size:
-        raise ValueError(f"prompt token ids must lie in [0, {vocab_size}); got min {int(ids.min())}, max {int(ids.max())}")
+        raise ValueError(f"prompt token ids must lie in [0, {vocab_size}); got min {int(ids.min())}, "
+                         f"max {int(ids.max())}")
     return ids.long()
 
 
@@ -58,7 +59,8 @@ def finish(new: list[int], remaining: int, eos: set[int]) -> tuple[list[int], bo
 
 def eos_set(model, eos_token_id) -> set[int]:
     if eos_token_id is None:
-        eos_token_id = getattr(model.generation_config, "eos_token_id", None) if hasattr(model, "generation_config") else None
+        config = getattr(model, "generation_config", None)
+        eos_token_id = getattr(config, "eos_token_id", None)
     if eos_token_id is None:
         return set()
     return set(eos_token_id) if isinstance(eos_token_id, (list, tuple)) else {int(eos_token_id)}
