@@ -43,7 +43,7 @@ import torch
 from torch import nn
 from transformers import AutoConfig, AutoModel
 
-from drafters.tree_search import dynamic_tree, sample_chain, sampled_tree, sampled_trees_enabled
+from drafters.tree_search import draft
 from verify.cache import KVBuffer
 from verify.contract import Budget, DecodeState, DraftTree, StepResult
 from verify.forward import run_model
@@ -317,15 +317,7 @@ class EagleDrafter:
             return DraftTree.empty(state.tokens.device)
         self._catch_up()
         root_logits = self._logits(self.bank[0])
-        temperature = self.temperature or state.temperature
-        if self.top_k == 1:
-            return sample_chain(root_logits, self._forward, depth, state.greedy, self.gen, temperature,
-                                self.sampling or state.sampling)
-        floor = getattr(budget, "min_path_prob", 0.0)
-        if not state.greedy and sampled_trees_enabled():
-            return sampled_tree(root_logits, self._forward, depth, self.top_k, budget.max_nodes, self.gen,
-                                temperature, self.sampling or state.sampling, floor)
-        return dynamic_tree(root_logits, self._forward, depth, self.top_k, budget.max_nodes, floor)
+        return draft(root_logits, self._forward, state, self.top_k, self.gen, self.temperature, self.sampling)
 
     @torch.no_grad()
     def update(self, result: StepResult) -> None:

@@ -11,7 +11,7 @@ start of the next proposal.
 from __future__ import annotations
 
 import torch
-from drafters.tree_search import dynamic_tree, kept_entries, sample_chain, sampled_tree, sampled_trees_enabled
+from drafters.tree_search import draft, kept_entries
 from verify.accept import Sampling
 from verify.cache import KVBuffer  # the same cache class the verifier uses
 from verify.contract import Budget, DecodeState, DraftTree, StepResult
@@ -91,15 +91,7 @@ class StandaloneDrafter:
         logits = run_model(self.model, self.cache, None, None, None, input_ids=new[None].to(self.model.device),
                            logits_to_keep=1).logits[0, -1]
         self.cache.commit(list(range(new.numel())))
-        temperature = self.temperature or state.temperature
-        if self.top_k == 1:
-            return sample_chain(logits, self._forward, depth, state.greedy, self.gen, temperature,
-                                self.sampling or state.sampling)
-        floor = getattr(budget, "min_path_prob", 0.0)
-        if not state.greedy and sampled_trees_enabled():
-            return sampled_tree(logits, self._forward, depth, self.top_k, budget.max_nodes, self.gen, temperature,
-                                self.sampling or state.sampling, floor)
-        return dynamic_tree(logits, self._forward, depth, self.top_k, budget.max_nodes, floor)
+        return draft(logits, self._forward, state, self.top_k, self.gen, self.temperature, self.sampling)
 
     def update(self, result: StepResult) -> None:
         # keep the draft entries of the accepted path that went through the draft; drop the rest

@@ -280,3 +280,19 @@ def kept_entries(tree: DraftTree, accepted: list[int]) -> list[int]:
             break
         entries.append(tree.extra[a])
     return entries
+
+
+def draft(root_logits: torch.Tensor, forward: Forward, state, top_k: int, gen: torch.Generator | None = None,
+          temperature: float | None = None, sampling=None) -> DraftTree:
+    """The proposal of an autoregressive drafter within state.budget: a chain (top_k 1, sampled from q when
+    sampling), a tree sampled without replacement (sampling), or the EAGLE-2 top-k tree (greedy)."""
+    budget = state.budget
+    depth = min(budget.max_depth, budget.max_nodes)
+    temperature = temperature or state.temperature
+    sampling = sampling or state.sampling
+    if top_k == 1:
+        return sample_chain(root_logits, forward, depth, state.greedy, gen, temperature, sampling)
+    if not state.greedy and sampled_trees_enabled():
+        return sampled_tree(root_logits, forward, depth, top_k, budget.max_nodes, gen, temperature, sampling,
+                            budget.min_path_prob)
+    return dynamic_tree(root_logits, forward, depth, top_k, budget.max_nodes, budget.min_path_prob)

@@ -11,8 +11,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
-
 from verify.contract import Budget, DecodeState, Drafter, DraftTree, NoDrafter, StepResult
 from verify.accept import Sampling
 from verify.decode import GenerationOutput, generate

@@ -25,7 +25,7 @@ import torch  # noqa: E402
 
 import draftkit as dk  # noqa: E402
 from eval.tasks import build_tasks  # noqa: E402
-from verify.packed import generate_packed, kv_entries_independent  # noqa: E402
+from verify.packed import generate_packed  # noqa: E402
 
 
 def _ints(text: str, flag: str) -> list[int]:

@@ -36,7 +36,7 @@ def _windows(texts: list[tuple[str, str]], tokenizer, n: int, length: int, seed:
 
 
 def held_out_texts():
-    from train.data import PROSE_FILE, build_local_corpus  # reads the corpus: only when tasks are built
+    from draftkit.corpus import PROSE_FILE, build_local_corpus  # reads the corpus: only when tasks are built
 
     corpus = build_local_corpus()
     code = [(p, t) for p, t in zip(corpus.heldout["path"], corpus.heldout["text"]) if p != PROSE_FILE]

@@ -172,3 +172,15 @@ def test_verify_never_imports_drafters():
                  if re.search(r"^\s*(from|import)\s+drafters\b", p.read_text(), re.M)]
     assert root.exists() and len(list(root.glob("*.py"))) >= 6
     assert offenders == []
+
+
+def test_eval_and_the_library_never_import_train():
+    """train/ writes checkpoints; verify/, drafters/, eval/ and draftkit/ must run without it."""
+    import pathlib
+    import re
+
+    root = pathlib.Path(__file__).resolve().parent.parent
+    files = [p for d in ("verify", "drafters", "eval", "draftkit") for p in (root / d).glob("*.py")]
+    offenders = [str(p.relative_to(root)) for p in files
+                 if re.search(r"^\s*(from|import)\s+train\b", p.read_text(), re.M)]
+    assert offenders == []

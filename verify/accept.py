@@ -135,7 +135,7 @@ def sample_accept(tree: DraftTree, p_all: torch.Tensor, gen: torch.Generator | N
       one-hot q (q is None): accept w.p. p(x_j); else p(x_j) <- 0 and renormalize.
     The bonus is drawn from what remains of p at the slot where the walk stops.
     """
-    n_slots, dev = p_all.shape[0], p_all.device
+    dev = p_all.device
     final = p_all.float().clone()  # (S, V): the distribution each slot's bonus is drawn from
     rank = None
     if len(tree):

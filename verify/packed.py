@@ -29,7 +29,7 @@ from verify.budget import make_policy
 from verify.cache import KVBuffer
 from verify.contract import DecodeState, DraftTree, StepResult
 from verify.decode import GenerationOutput, as_prompt, check_room, eos_set, finish
-from verify.forward import Verifier, run_model
+from verify.forward import Verifier
 from verify.stats import DecodeStats, StepStats
 from verify.tree import verify_block, verify_offsets
 
