@@ -43,11 +43,11 @@ import torch
 from torch import nn
 from transformers import AutoConfig, AutoModel
 
-from drafters.tree_search import draft
-from verify.cache import KVBuffer
-from verify.contract import Budget, DecodeState, DraftTree, StepResult
-from verify.forward import run_model
-from verify.tree import MaskBuffer
+from draftkit.drafters.tree_search import draft
+from draftkit.verify.cache import KVBuffer
+from draftkit.verify.contract import Budget, DecodeState, DraftTree, StepResult
+from draftkit.verify.forward import run_model
+from draftkit.verify.tree import MaskBuffer
 
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
@@ -224,7 +224,7 @@ class EagleDraftModel(nn.Module):
         with open(cfg_path) as fh:
             raw = json.load(fh)
         if raw.get("kind") != "eagle" or raw.get("layout", "draftkit") != "draftkit":
-            from drafters.formats import load_eagle_draft
+            from draftkit.drafters.formats import load_eagle_draft
 
             return load_eagle_draft(path, target)
         draft = cls(EagleConfig(**raw))
@@ -275,7 +275,7 @@ class EagleDrafter:
     @classmethod
     def from_pretrained(cls, path: str, target, **flags) -> "EagleDrafter":
         """draftkit folders of either layout and the public formats (drafters/formats.py)."""
-        from drafters.formats import load_eagle_draft
+        from draftkit.drafters.formats import load_eagle_draft
 
         return cls(target, load_eagle_draft(path, target), **flags)
 

@@ -38,7 +38,7 @@ from transformers.masking_utils import create_causal_mask
 from transformers.models.llama.modeling_llama import (LlamaAttention, LlamaDecoderLayer, LlamaMLP, LlamaRMSNorm,
                                                       LlamaRotaryEmbedding)
 
-from drafters.eagle import (CONFIG_NAME, WEIGHTS_NAME, EagleConfig, EagleDraftModel, _target_name, _text_config,
+from draftkit.drafters.eagle import (CONFIG_NAME, WEIGHTS_NAME, EagleConfig, EagleDraftModel, _target_name, _text_config,
                             normalize_layers, target_shape)
 
 LAYOUT = "reference"

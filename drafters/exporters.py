@@ -7,9 +7,9 @@ import shutil
 
 import torch
 
-from drafters.eagle import _target_name
-from drafters.eagle_reference import LAYOUT
-from drafters.formats import TOKEN_MAP, ExportRefused, detect, write_config, write_weights
+from draftkit.drafters.eagle import _target_name
+from draftkit.drafters.eagle_reference import LAYOUT
+from draftkit.drafters.formats import TOKEN_MAP, ExportRefused, detect, write_config, write_weights
 
 EAGLE_FORMATS = ("vllm", "sglang", "speculators")
 FORMATS = ("vllm", "sglang", "speculators", "medusa-original")
@@ -116,7 +116,7 @@ def export_eagle(draft, fmt: str, out: str, dtype: torch.dtype = torch.float16, 
 
 def export_medusa(path: str, fmt: str, out: str, target, dtype: torch.dtype = torch.float16) -> str:
     """A draftkit (or imported) Medusa folder as vLLM's layout or FasterDecoding's original one."""
-    from drafters.medusa import MedusaDrafter, has_adapter
+    from draftkit.drafters.medusa import MedusaDrafter, has_adapter
 
     if fmt == "sglang":
         raise ExportRefused("SGLang has no Medusa algorithm; export Medusa with --format vllm or medusa-original")

@@ -30,8 +30,8 @@ from types import SimpleNamespace
 
 import torch
 
-from drafters.eagle import EagleConfig, EagleDraftModel, _target_name, target_shape
-from drafters.eagle_reference import LAYOUT, build_draft, check_feature_layers, llama_layer_config
+from draftkit.drafters.eagle import EagleConfig, EagleDraftModel, _target_name, target_shape
+from draftkit.drafters.eagle_reference import LAYOUT, build_draft, check_feature_layers, llama_layer_config
 
 CONFIG = "config.json"
 TOKEN_MAP = "hot_token_ids.pt"  # EAGLE-1/2 draft vocabulary for SGLang's --speculative-token-map
@@ -280,7 +280,7 @@ def _import_public_eagle(path: str, cfg: dict, fmt: str, target):
         hot = os.path.join(path, TOKEN_MAP)  # a draft vocabulary as SGLang's token map (our sglang export)
         ids = torch.as_tensor(torch.load(hot, weights_only=True)).long().unique() if os.path.exists(hot) else None
         if ids is not None and ids.numel() < vocab:
-            from drafters.eagle_reference import vocab_mapping
+            from draftkit.drafters.eagle_reference import vocab_mapping
 
             state["d2t"], state["t2d"] = vocab_mapping(ids, vocab)
         reduced = ids is not None and ids.numel() < vocab
@@ -305,7 +305,7 @@ def _medusa_counts(cfg: dict) -> tuple[int | None, int | None]:
 
 def load_medusa_heads(path: str, target):
     """MedusaHeads from vLLM's or FasterDecoding's Medusa layout, checked against `target`."""
-    from drafters.medusa import MedusaHeads
+    from draftkit.drafters.medusa import MedusaHeads
 
     path = str(path)
     cfg = read_config(path)

@@ -21,7 +21,7 @@ from collections import OrderedDict, defaultdict
 
 import torch
 
-from verify.contract import Budget, DecodeState, DraftTree, StepResult
+from draftkit.verify.contract import Budget, DecodeState, DraftTree, StepResult
 
 
 class LookaheadDrafter:

@@ -42,8 +42,8 @@ import warnings
 import torch
 from torch import nn
 
-from drafters.tree_search import draft_probs, gumbel_order, sampled_trees_enabled
-from verify.contract import WITHOUT_REPLACEMENT, Budget, DecodeState, DraftTree, StepResult
+from draftkit.drafters.tree_search import draft_probs, gumbel_order, sampled_trees_enabled
+from draftkit.verify.contract import WITHOUT_REPLACEMENT, Budget, DecodeState, DraftTree, StepResult
 
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
@@ -341,7 +341,7 @@ class MedusaDrafter:
         with open(cfg_path) as fh:
             cfg = json.load(fh)
         if cfg.get("model_type") != MODEL_TYPE:  # vLLM's or FasterDecoding's layout (drafters/formats.py)
-            from drafters.formats import load_medusa_heads
+            from draftkit.drafters.formats import load_medusa_heads
 
             return cls._finish(path, target, load_medusa_heads(path, target), tree_size, dtype)
         hidden, vocab, layers, name = _target_dims(target)

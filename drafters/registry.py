@@ -65,7 +65,7 @@ def _standalone(target, path, tokenizer, s: StandaloneSettings):
     from transformers import AutoTokenizer
 
     from draftkit.models import load_model, resolve
-    from drafters.standalone import StandaloneDrafter, check_same_vocabulary
+    from draftkit.drafters.standalone import StandaloneDrafter, check_same_vocabulary
 
     draft_path = resolve(path, "draft")
     draft = load_model(draft_path, dtype=target.dtype).to(target.device)
@@ -77,14 +77,14 @@ def _standalone(target, path, tokenizer, s: StandaloneSettings):
 
 def _eagle(target, path, tokenizer, s: EagleSettings):
     from draftkit.models import resolve
-    from drafters.eagle import EagleDrafter
+    from draftkit.drafters.eagle import EagleDrafter
 
     return EagleDrafter.from_pretrained(resolve(path, "eagle"), target, **dataclasses.asdict(s))
 
 
 def _medusa(target, path, tokenizer, s: MedusaSettings):
     from draftkit.models import resolve
-    from drafters.medusa import MedusaDrafter
+    from draftkit.drafters.medusa import MedusaDrafter
 
     drafter = MedusaDrafter.from_pretrained(resolve(path, "medusa"), target, tree_size=s.max_nodes)
     drafter.budget_cap.max_depth = min(drafter.budget_cap.max_depth, s.max_depth)
@@ -92,7 +92,7 @@ def _medusa(target, path, tokenizer, s: MedusaSettings):
 
 
 def _lookahead(target, path, tokenizer, s: LookaheadSettings):
-    from drafters.lookahead import LookaheadDrafter
+    from draftkit.drafters.lookahead import LookaheadDrafter
 
     return LookaheadDrafter(**dataclasses.asdict(s))
 
@@ -113,7 +113,7 @@ def register(name: str, entry: Entry) -> None:
 def _suffix_entry() -> None:
     """The suffix drafter registers itself when its module is present."""
     try:
-        from drafters.suffix import SuffixConfig, SuffixDrafter
+        from draftkit.drafters.suffix import SuffixConfig, SuffixDrafter
     except ImportError:
         return
     REGISTRY["suffix"] = Entry(SuffixConfig, lambda t, p, tok, s: SuffixDrafter(**dataclasses.asdict(s)), None,

@@ -11,12 +11,12 @@ start of the next proposal.
 from __future__ import annotations
 
 import torch
-from drafters.tree_search import draft, kept_entries
-from verify.accept import Sampling
-from verify.cache import KVBuffer  # the same cache class the verifier uses
-from verify.contract import Budget, DecodeState, DraftTree, StepResult
-from verify.forward import context_limit, run_model
-from verify.tree import MaskBuffer
+from draftkit.drafters.tree_search import draft, kept_entries
+from draftkit.verify.accept import Sampling
+from draftkit.verify.cache import KVBuffer  # the same cache class the verifier uses
+from draftkit.verify.contract import Budget, DecodeState, DraftTree, StepResult
+from draftkit.verify.forward import context_limit, run_model
+from draftkit.verify.tree import MaskBuffer
 
 
 def check_same_vocabulary(target, draft, target_tokenizer=None, draft_tokenizer=None,

@@ -37,7 +37,7 @@ import math
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
-from verify.contract import Budget, DecodeState, DraftTree, StepResult
+from draftkit.verify.contract import Budget, DecodeState, DraftTree, StepResult
 
 # link-path steps per appended token when updating occurrence counts: the path is as long as
 # the number of distinct occurrence sets among the repeated suffixes (short for real text; as

@@ -40,8 +40,8 @@ from typing import Callable
 
 import torch
 
-from verify.accept import Sampling, target_probs
-from verify.contract import WITHOUT_REPLACEMENT, DraftTree
+from draftkit.verify.accept import Sampling, target_probs
+from draftkit.verify.contract import WITHOUT_REPLACEMENT, DraftTree
 
 Forward = Callable[[torch.Tensor, torch.Tensor, "torch.Tensor | None", torch.Tensor], torch.Tensor]
 

@@ -9,15 +9,23 @@ This module only wires names to classes; the work happens in drafters/ and verif
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
-from verify.contract import Budget, DecodeState, Drafter, DraftTree, NoDrafter, StepResult
-from verify.accept import Sampling
-from verify.decode import GenerationOutput, generate
+# In a checkout (scripts run as `python eval/compare.py`, tests, `pip install -e .`), the repository's top-level
+# folders verify/, drafters/, train/ and eval/ are this package's subpackages draftkit.verify, ...; an installed
+# wheel holds them inside draftkit/ (pyproject's package-dir), so nothing else lands in site-packages.
+_CHECKOUT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if os.path.isfile(os.path.join(_CHECKOUT, "verify", "contract.py")) and _CHECKOUT not in __path__:
+    __path__.append(_CHECKOUT)
+
+from draftkit.verify.contract import Budget, DecodeState, Drafter, DraftTree, NoDrafter, StepResult
+from draftkit.verify.accept import Sampling
+from draftkit.verify.decode import GenerationOutput, generate
 
 from draftkit.zoo import ZooError
 
-from drafters.registry import REGISTRY, build
+from draftkit.drafters.registry import REGISTRY, build
 from draftkit.models import load_model, load_target
 
 DRAFTERS = tuple(REGISTRY)
@@ -52,7 +60,7 @@ def generate_batch(target, prompts, drafter=None, max_new_tokens: int = 64, samp
     """Decode a batch of prompts of any lengths together: one target forward per step for all rows, each row
     accepting its own number of tokens and finishing on its own (verify/packed.py). `drafter`: a method name
     or a callable returning a fresh drafter (one per row)."""
-    from verify.packed import generate_packed
+    from draftkit.verify.packed import generate_packed
 
     return generate_packed(target, list(prompts), _lanes(drafter, target, len(prompts)), max_new_tokens, sampling,
                            eos_token_id, seed, budget).outputs
@@ -77,7 +85,7 @@ def best_of_n(target, prompt, n: int, reward=None, drafter=None, sampling: Sampl
     """N sampled continuations of one prompt whose KV is stored once (N branches of one tree hanging off the
     prompt), each drafted and verified speculatively and losslessly; the best by `reward(sample)` (default:
     the target's mean log-probability of the continuation). `drafter`: a method name or a factory."""
-    from verify.packed import generate_packed, kv_entries_independent
+    from draftkit.verify.packed import generate_packed, kv_entries_independent
 
     if n < 1:
         raise ValueError(f"n must be >= 1, got {n}")

@@ -24,8 +24,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import torch  # noqa: E402
 
 import draftkit as dk  # noqa: E402
-from eval.tasks import build_tasks  # noqa: E402
-from verify.packed import generate_packed  # noqa: E402
+from draftkit.eval.tasks import build_tasks  # noqa: E402
+from draftkit.verify.packed import generate_packed  # noqa: E402
 
 
 def _ints(text: str, flag: str) -> list[int]:

@@ -26,11 +26,11 @@ import torch  # noqa: E402
 from transformers import DynamicCache  # noqa: E402
 
 import draftkit as dk  # noqa: E402
-from eval.measure import Method, measure, median_spread, speedups  # noqa: E402
-from eval.peers import hf_plain  # noqa: E402
-from eval.tasks import build_tasks  # noqa: E402
-from verify.contract import DraftTree  # noqa: E402
-from verify.forward import Verifier  # noqa: E402
+from draftkit.eval.measure import Method, measure, median_spread, speedups  # noqa: E402
+from draftkit.eval.peers import hf_plain  # noqa: E402
+from draftkit.eval.tasks import build_tasks  # noqa: E402
+from draftkit.verify.contract import DraftTree  # noqa: E402
+from draftkit.verify.forward import Verifier  # noqa: E402
 
 
 def bushy(n: int, vocab: int) -> DraftTree:

@@ -27,15 +27,15 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import torch  # noqa: E402
 
 import draftkit as dk  # noqa: E402
-from drafters.lookahead import LookaheadDrafter  # noqa: E402
-from drafters.suffix import SuffixDrafter  # noqa: E402
-from eval.measure import Method, measure, median_spread, speedups  # noqa: E402
-from eval.repeated import build_repeated  # noqa: E402
-from eval.tasks import build_tasks  # noqa: E402
-from verify.budget import FixedBudget  # noqa: E402
-from verify.contract import Budget, DecodeState, NoDrafter, StepResult  # noqa: E402
-from verify.decode import generate  # noqa: E402
-from verify.stats import DecodeStats  # noqa: E402
+from draftkit.drafters.lookahead import LookaheadDrafter  # noqa: E402
+from draftkit.drafters.suffix import SuffixDrafter  # noqa: E402
+from draftkit.eval.measure import Method, measure, median_spread, speedups  # noqa: E402
+from draftkit.eval.repeated import build_repeated  # noqa: E402
+from draftkit.eval.tasks import build_tasks  # noqa: E402
+from draftkit.verify.budget import FixedBudget  # noqa: E402
+from draftkit.verify.contract import Budget, DecodeState, NoDrafter, StepResult  # noqa: E402
+from draftkit.verify.decode import generate  # noqa: E402
+from draftkit.verify.stats import DecodeStats  # noqa: E402
 
 
 def methods_for(target, prompts: list[list[int]], max_new: int, hf: bool) -> list[Method]:
@@ -61,7 +61,7 @@ def methods_for(target, prompts: list[list[int]], max_new: int, hf: bool) -> lis
 
     methods = [Method(name=name, run=ours(make)) for name, make in makers.items()]
     if hf:
-        from eval.peers import hf_prompt_lookup
+        from draftkit.eval.peers import hf_prompt_lookup
         methods.append(Method(name="hf prompt lookup", run=hf_prompt_lookup(target, 10, max_new, None), kind="peer"))
     return methods
 
@@ -71,7 +71,7 @@ def draft_cost(tok, context: int = 512, steps: int = 400) -> tuple[float, float,
     as if the target had written it (committed per step = the accepted draft + 1), and per
     indexed prompt token. No model runs: this is the drafter's own cost. Returns
     (median us per step, mean us per step, us per prompt token at reset)."""
-    from eval.tasks import held_out_texts
+    from draftkit.eval.tasks import held_out_texts
 
     code, _ = held_out_texts()
     text = max((tok(t)["input_ids"] for _, t in code), key=len)

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import argparse
 
-from eval import cli_checks as check
-from eval.cli_checks import UsageError
-from eval.drafter_flags import add_drafter_flags, check_drafter_flags
-from eval.tasks import TASKS
+from draftkit.eval import cli_checks as check
+from draftkit.eval.cli_checks import UsageError
+from draftkit.eval.drafter_flags import add_drafter_flags, check_drafter_flags
+from draftkit.eval.tasks import TASKS
 
 # What a run measures unless a flag says otherwise; an explicit flag always wins over a preset.
 # default: about 3 minutes on 2 CPU cores with every drafter; full: the README's table.
@@ -176,7 +176,7 @@ def target_info(name: str | None):
 
 
 def build_prompts(args, tok, texts):
-    from eval.tasks import build_tasks, from_texts
+    from draftkit.eval.tasks import build_tasks, from_texts
 
     try:
         if texts is not None:
@@ -188,7 +188,7 @@ def build_prompts(args, tok, texts):
 
 def prepare(argv, description: str | None = None):
     """Every check, before any model loads. Returns (args, target path, tokenizer, tasks, notes)."""
-    from eval.tasks import fit_to_context
+    from draftkit.eval.tasks import fit_to_context
 
     args = parse_args(argv, description)
     texts = check_flags(args)

@@ -24,8 +24,8 @@ import traceback
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from eval.cli import prepare  # noqa: E402
-from eval.cli_checks import UsageError, error_message  # noqa: E402
+from draftkit.eval.cli import prepare  # noqa: E402
+from draftkit.eval.cli_checks import UsageError, error_message  # noqa: E402
 
 
 def machine() -> str:
@@ -41,11 +41,11 @@ def build_methods(args, target, tokenizer, on_error=None):
     """(method, ...) in table order: plain, each drafter, then the peers. The one place drafters are built.
     on_error(name, message, traceback) is told of a drafter that cannot be built; the others go on."""
     import draftkit as dk
-    from drafters.registry import REGISTRY
-    from eval.drafter_flags import drafter_settings
-    from eval.footprint import footprint, param_count
-    from eval.measure import Method
-    from eval.peers import hf_assisted, hf_prompt_lookup
+    from draftkit.drafters.registry import REGISTRY
+    from draftkit.eval.drafter_flags import drafter_settings
+    from draftkit.eval.footprint import footprint, param_count
+    from draftkit.eval.measure import Method
+    from draftkit.eval.peers import hf_assisted, hf_prompt_lookup
 
     n, eos = args.max_new_tokens, None
     sampling = dk.Sampling(temperature=args.temperature, top_p=args.top_p)
@@ -107,9 +107,9 @@ def run(args, target_path, tok, tasks, notes, started: float) -> int:
     from tqdm import tqdm
 
     import draftkit as dk
-    from eval.measure import measure, warm_up
-    from eval.report import RunWriter, format_table, log_wandb, quiet_warnings
-    from eval.rows import error_row, task_rows
+    from draftkit.eval.measure import measure, warm_up
+    from draftkit.eval.report import RunWriter, format_table, log_wandb, quiet_warnings
+    from draftkit.eval.rows import error_row, task_rows
 
     from transformers.utils import logging as hf_logging
 
@@ -155,7 +155,7 @@ def run(args, target_path, tok, tasks, notes, started: float) -> int:
     report["warnings"] = warned
     paths = writer.finish(report, plots=not args.no_plots)
     if report.get("batches"):
-        from eval.bench_batch import format_batches, plot
+        from draftkit.eval.bench_batch import format_batches, plot
 
         print("\n" + format_batches(report["batches"]))
         if not args.no_plots:
@@ -181,7 +181,7 @@ def run(args, target_path, tok, tasks, notes, started: float) -> int:
 def batch_rows(args, target, prompts, bar) -> list[dict]:
     """--batch-sizes: the first task's prompts decoded in batches (eval/bench_batch.py), speedup over plain
     batched decoding of the same size and the KV bytes of each method, interleaved; one repeat each."""
-    from eval.bench_batch import run_batches
+    from draftkit.eval.bench_batch import run_batches
 
     names = list(args.drafter_names)
     ids = [p.ids for p in prompts]
@@ -193,7 +193,7 @@ def batch_rows(args, target, prompts, bar) -> list[dict]:
 def verify_curve(target, context: int):
     """c(n) of the target at this context (the controller's saved profile), or None for a model the
     profile cannot time (the predicted-speedup column is then left empty)."""
-    from verify.controller import CostProfile
+    from draftkit.verify.controller import CostProfile
 
     try:
         return CostProfile.for_model(target, context).c

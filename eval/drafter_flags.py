@@ -10,8 +10,8 @@ from __future__ import annotations
 import dataclasses
 import typing
 
-from drafters.registry import REGISTRY, SHARED_DEPTH, SHARED_NODES
-from eval.cli_checks import UsageError
+from draftkit.drafters.registry import REGISTRY, SHARED_DEPTH, SHARED_NODES
+from draftkit.eval.cli_checks import UsageError
 
 SHARED = ("max_depth", "max_nodes")
 

@@ -15,8 +15,8 @@ import traceback
 from dataclasses import dataclass, field
 from typing import Callable
 
-from eval.cli_checks import error_message
-from verify.stats import DecodeStats
+from draftkit.eval.cli_checks import error_message
+from draftkit.verify.stats import DecodeStats
 
 Runner = Callable[[list[int]], tuple[list[int], DecodeStats | None]]
 

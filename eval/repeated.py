@@ -29,7 +29,7 @@ from __future__ import annotations
 import random
 import re
 
-from eval.tasks import held_out_texts
+from draftkit.eval.tasks import held_out_texts
 
 INSTRUCTION = ("\n\n# Edit request: the helper below is shared by every module in this package.\n"
                "# Rewrite it for the module above, keeping its behaviour and its docstring.\n")

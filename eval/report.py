@@ -114,7 +114,7 @@ class RunWriter:
             try:
                 paths += plot_results(report, self.folder)
             except Exception as exc:  # noqa: BLE001 - the figures matter more than the pictures
-                from eval.cli_checks import error_message
+                from draftkit.eval.cli_checks import error_message
 
                 self.add({"drafter": "plots", "task": "all", "kind": "error", "prompt": None,
                           "error": error_message(exc)})

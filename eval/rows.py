@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import statistics
 
-from eval.measure import Method, Result, lossless_check, median_spread, speedups
-from verify.controller import seeds_best_k, seeds_speedup
-from verify.stats import DecodeStats
+from draftkit.eval.measure import Method, Result, lossless_check, median_spread, speedups
+from draftkit.verify.controller import seeds_best_k, seeds_speedup
+from draftkit.verify.stats import DecodeStats
 
 
 def error_row(task: str, method: str, message: str, prompt: str | None = None) -> dict:

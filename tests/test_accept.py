@@ -5,8 +5,8 @@ import math
 import pytest
 import torch
 
-from verify.contract import DraftTree
-from verify.accept import Sampling, accept, greedy_accept, sample_accept, target_probs
+from draftkit.verify.contract import DraftTree
+from draftkit.verify.accept import Sampling, accept, greedy_accept, sample_accept, target_probs
 
 V = 6
 

@@ -37,7 +37,7 @@ def test_quick_compare_runs_and_nothing_is_lost(tmp_path):
 def test_shipped_drafters_are_lossless_on_long_generations():
     """Every shipped drafter, large trees included, on held-out prompts: 256 greedy tokens each."""
     import draftkit as dk
-    from eval.tasks import build_tasks
+    from draftkit.eval.tasks import build_tasks
 
     target, tok = dk.load_target()
     prompts = [p.ids for t in build_tasks(tok, ["code", "prose"], n=3, seed=11).values() for p in t]

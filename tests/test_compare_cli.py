@@ -8,11 +8,11 @@ import time
 import pytest
 import torch
 
-from eval import cli, compare
-from eval.cli_checks import PromptText
-from eval.footprint import footprint, param_count
-from eval.measure import Method
-from eval.tasks import fit_to_context, from_texts
+from draftkit.eval import cli, compare
+from draftkit.eval.cli_checks import PromptText
+from draftkit.eval.footprint import footprint, param_count
+from draftkit.eval.measure import Method
+from draftkit.eval.tasks import fit_to_context, from_texts
 
 
 @pytest.fixture

@@ -4,11 +4,11 @@ import pytest
 import torch
 
 from tests.models import ARCHS, tiny_model
-from verify.accept import Sampling
-from verify.contract import Budget, DraftTree
-from verify.controller import AcceptanceModel, AutoBudget, CostProfile, seeds_best_k, seeds_speedup
-from verify.decode import generate
-from verify.stats import StepStats
+from draftkit.verify.accept import Sampling
+from draftkit.verify.contract import Budget, DraftTree
+from draftkit.verify.controller import AcceptanceModel, AutoBudget, CostProfile, seeds_best_k, seeds_speedup
+from draftkit.verify.decode import generate
+from draftkit.verify.stats import StepStats
 
 
 @pytest.mark.parametrize("alpha, k, s", [(0.5, 2, 1.458), (0.7, 4, 1.981), (0.75, 5, 2.192), (0.9, 10, 3.431)])
@@ -64,7 +64,7 @@ def test_costly_verify_shortens_the_budget():
 
 
 def test_draft_cost_separates_fixed_and_per_level_cost():
-    from verify.controller import DraftCost
+    from draftkit.verify.controller import DraftCost
 
     cost = DraftCost(keep=1.0)
     for depth in (1, 2, 4, 1, 4):
@@ -118,8 +118,8 @@ def test_controller_falls_back_to_plain_decoding_on_a_real_loop():
 
 @pytest.mark.parametrize("arch", ARCHS)
 def test_auto_budget_never_changes_greedy_output(arch):
-    from drafters.lookahead import LookaheadDrafter
-    from drafters.standalone import StandaloneDrafter
+    from draftkit.drafters.lookahead import LookaheadDrafter
+    from draftkit.drafters.standalone import StandaloneDrafter
 
     target = tiny_model(arch)
     small = tiny_model(arch, hidden=16, layers=1, seed=1)
@@ -135,7 +135,7 @@ def test_auto_budget_never_changes_greedy_output(arch):
 @pytest.mark.slow
 def test_auto_budget_keeps_sampling_exact():
     """First two sampled tokens through an auto-budgeted standalone chain follow the exact target distribution."""
-    from drafters.standalone import StandaloneDrafter
+    from draftkit.drafters.standalone import StandaloneDrafter
 
     V = 8
     target = tiny_model("llama", vocab=V, hidden=16, layers=1, seed=3)

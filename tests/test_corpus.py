@@ -63,6 +63,6 @@ def test_eval_can_read_the_corpus_without_train():
     code = ("import sys; from draftkit.corpus import PROSE_FILE, build_local_corpus; "
             "assert not any(m == 'train' or m.startswith('train.') for m in sys.modules), sorted(sys.modules)")
     subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True)
-    from train.data import PROSE_FILE, build_local_corpus  # the old import still works
+    from draftkit.train.data import PROSE_FILE, build_local_corpus  # the old import still works
 
     assert PROSE_FILE is dc.PROSE_FILE and build_local_corpus is dc.build_local_corpus

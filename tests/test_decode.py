@@ -6,12 +6,12 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-from verify.contract import DraftTree, NoDrafter
-from drafters.lookahead import LookaheadDrafter
-from drafters.standalone import StandaloneDrafter, check_same_vocabulary
+from draftkit.verify.contract import DraftTree, NoDrafter
+from draftkit.drafters.lookahead import LookaheadDrafter
+from draftkit.drafters.standalone import StandaloneDrafter, check_same_vocabulary
 from tests.models import ARCHS, tiny_model
-from verify.accept import Sampling
-from verify.decode import generate as _generate
+from draftkit.verify.accept import Sampling
+from draftkit.verify.decode import generate as _generate
 
 
 def generate(*args, **kwargs):
@@ -194,7 +194,7 @@ def test_standalone_checks_the_vocabulary_against_its_target():
 
 
 def test_tokenizer_mismatch_names_both_tokenizers():
-    from train.data import train_tokenizer
+    from draftkit.train.data import train_tokenizer
 
     a = train_tokenizer(["def f(x): return x"] * 50, vocab_size=300)
     b = train_tokenizer(["the quick brown fox jumps"] * 50, vocab_size=300)

@@ -15,10 +15,10 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from drafters.eagle import EagleConfig, EagleDraftModel, EagleDrafter
-from verify.accept import Sampling
-from verify.decode import generate as _generate
-from verify.tree import path_slots
+from draftkit.drafters.eagle import EagleConfig, EagleDraftModel, EagleDrafter
+from draftkit.verify.accept import Sampling
+from draftkit.verify.decode import generate as _generate
+from draftkit.verify.tree import path_slots
 
 
 def generate(*args, **kwargs):
@@ -254,7 +254,7 @@ def tiny_run(tmp_path_factory):
     import inspect
     import textwrap
 
-    from train.data import train_tokenizer
+    from draftkit.train.data import train_tokenizer
 
     root = tmp_path_factory.mktemp("eagle_train")
     text = inspect.getsource(json) + inspect.getsource(textwrap)
@@ -280,7 +280,7 @@ def _argv(root, out, steps, *extra):
 
 
 def test_training_lowers_losses_and_logs(tiny_run, monkeypatch):
-    from train import eagle as train_eagle
+    from draftkit.train import eagle as train_eagle
 
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_DIR", str(tiny_run))
@@ -301,7 +301,7 @@ def test_training_lowers_losses_and_logs(tiny_run, monkeypatch):
 
 
 def test_training_eagle3_ttt(tiny_run):
-    from train import eagle as train_eagle
+    from draftkit.train import eagle as train_eagle
 
     report = train_eagle.main(_argv(tiny_run, tiny_run / "run_eagle3", 6, "--wandb", "false", "--feature_layers",
                                     "[0, 1, -1]", "--ttt_steps", "3", "--feature_loss_weight", "0",
@@ -314,7 +314,7 @@ def test_training_eagle3_ttt(tiny_run):
 
 
 def test_resume_continues_at_the_right_step(tiny_run, monkeypatch):
-    from train import eagle as train_eagle
+    from draftkit.train import eagle as train_eagle
 
     args = ("--wandb", "false", "--checkpoint_every", "2")
     full = train_eagle.main(_argv(tiny_run, tiny_run / "full", 4, *args))
@@ -342,7 +342,7 @@ def test_training_time_test_matches_chain_decoding(target2):
 
     from transformers import DynamicCache
 
-    from train.eagle import EagleLoss
+    from draftkit.train.eagle import EagleLoss
 
     torch.manual_seed(0)
     draft = EagleDraftModel.from_target(target2, [0, 1, -1])

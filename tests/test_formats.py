@@ -17,13 +17,13 @@ from safetensors.torch import load_file, save_file
 from transformers import LlamaConfig, LlamaForCausalLM
 
 import draftkit as dk
-from drafters.eagle import EagleDraftModel, EagleDrafter
-from drafters.eagle_reference import Eagle1Draft, Eagle3Draft, frequent_tokens, make_draft, vocab_mapping
-from drafters.formats import detect, load_eagle_draft
-from drafters.medusa import MedusaDrafter, MedusaHeads, build_tree_choices, default_accuracies, save_medusa
-from train.export import main as export_main
-from verify.accept import Sampling
-from verify.decode import generate as _generate
+from draftkit.drafters.eagle import EagleDraftModel, EagleDrafter
+from draftkit.drafters.eagle_reference import Eagle1Draft, Eagle3Draft, frequent_tokens, make_draft, vocab_mapping
+from draftkit.drafters.formats import detect, load_eagle_draft
+from draftkit.drafters.medusa import MedusaDrafter, MedusaHeads, build_tree_choices, default_accuracies, save_medusa
+from draftkit.train.export import main as export_main
+from draftkit.verify.accept import Sampling
+from draftkit.verify.decode import generate as _generate
 
 torch.set_num_threads(1)
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -368,7 +368,7 @@ def check_export_layout(kind, fmt, files, cfg, target):
 
 def test_reference_draft_cache_matches_recomputation(target8):
     """The incremental draft (KV cache, tree masks, catch-up) equals running the draft from scratch."""
-    from verify.tree import path_slots
+    from draftkit.verify.tree import path_slots
 
     torch.manual_seed(0)
     draft = make_draft(target8, [2, 4, 6], "reference", DRAFT_IDS)
@@ -476,7 +476,7 @@ def tiny_run(tmp_path_factory):
     import inspect
     import textwrap
 
-    from train.data import train_tokenizer
+    from draftkit.train.data import train_tokenizer
 
     root = tmp_path_factory.mktemp("formats_train")
     text = inspect.getsource(json) + inspect.getsource(textwrap)
@@ -495,7 +495,7 @@ def tiny_run(tmp_path_factory):
 
 
 def test_train_reference_eagle3_lowers_loss_and_exports(tiny_run, tmp_path):
-    from train import eagle as train_eagle
+    from draftkit.train import eagle as train_eagle
 
     out = tmp_path / "run"
     report = train_eagle.main([
@@ -524,7 +524,7 @@ def test_reference_training_time_test_matches_chain_decoding(target8):
 
     from transformers import DynamicCache
 
-    from train.eagle import EagleLoss
+    from draftkit.train.eagle import EagleLoss
 
     torch.manual_seed(0)
     draft = make_draft(target8, [2, 4, 6], "reference", DRAFT_IDS)

@@ -9,13 +9,13 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from verify.contract import Budget, DecodeState, Drafter, StepResult
-from drafters.medusa import (MedusaDrafter, MedusaHeads, build_tree_choices, check_tree_choices, default_accuracies,
+from draftkit.verify.contract import Budget, DecodeState, Drafter, StepResult
+from draftkit.drafters.medusa import (MedusaDrafter, MedusaHeads, build_tree_choices, check_tree_choices, default_accuracies,
                              expected_accepted, has_adapter, load_medusa, load_target_with_adapter)
-from train.medusa import generate_batch, head_losses
-from train.medusa import main as train_main
-from verify.accept import Sampling
-from verify.decode import generate as _generate
+from draftkit.train.medusa import generate_batch, head_losses
+from draftkit.train.medusa import main as train_main
+from draftkit.verify.accept import Sampling
+from draftkit.verify.decode import generate as _generate
 
 
 def generate(*args, **kwargs):
@@ -93,7 +93,7 @@ WORDS = ("the quick brown fox jumps over lazy dog def return class import self v
 @pytest.fixture(scope="module")
 def tiny_setup(tmp_path_factory):
     """A tiny .txt corpus, a BPE tokenizer trained on it and a random tiny target saved beside it."""
-    from train.data import train_tokenizer
+    from draftkit.train.data import train_tokenizer
 
     root = tmp_path_factory.mktemp("medusa")
     rng = random.Random(0)

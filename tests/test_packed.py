@@ -4,11 +4,11 @@ import pytest
 import torch
 
 import draftkit as dk
-from drafters.lookahead import LookaheadDrafter
-from drafters.standalone import StandaloneDrafter
+from draftkit.drafters.lookahead import LookaheadDrafter
+from draftkit.drafters.standalone import StandaloneDrafter
 from tests.models import ARCHS, tiny_model
-from verify.accept import Sampling
-from verify.decode import generate
+from draftkit.verify.accept import Sampling
+from draftkit.verify.decode import generate
 
 V = 8
 

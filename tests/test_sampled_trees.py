@@ -19,14 +19,14 @@ import torch
 from scipy.stats import chisquare
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from drafters.eagle import EagleDraftModel, EagleDrafter
-from drafters.medusa import MedusaDrafter, MedusaHeads
-from drafters.standalone import StandaloneDrafter
-from drafters.tree_search import gumbel_order, sampled_tree
+from draftkit.drafters.eagle import EagleDraftModel, EagleDrafter
+from draftkit.drafters.medusa import MedusaDrafter, MedusaHeads
+from draftkit.drafters.standalone import StandaloneDrafter
+from draftkit.drafters.tree_search import gumbel_order, sampled_tree
 from tests.models import tiny_model
-from verify.accept import Sampling, sample_accept
-from verify.contract import IID, WITHOUT_REPLACEMENT, DraftTree
-from verify.decode import generate as _generate
+from draftkit.verify.accept import Sampling, sample_accept
+from draftkit.verify.contract import IID, WITHOUT_REPLACEMENT, DraftTree
+from draftkit.verify.decode import generate as _generate
 
 torch.set_num_threads(1)
 P_OK = 1e-3  # a correct rule passes the chi-square test at this level
@@ -333,7 +333,7 @@ def test_medusa_sampled_tree_is_successive_draws():
     """Each slot's children are the first draws of their head's sequence: distinct, with the head's q."""
     torch.manual_seed(0)
     target, drafter = medusa_pair()
-    from verify.contract import Budget, DecodeState
+    from draftkit.verify.contract import Budget, DecodeState
     drafter.hidden = torch.randn(32)
     state = DecodeState(PROMPT, 3, Budget(2, 7), greedy=False, temperature=0.7)
     for _ in range(20):

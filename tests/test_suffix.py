@@ -11,12 +11,12 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-from drafters.suffix import SuffixCache, SuffixConfig, SuffixDrafter, SuffixIndex, merge
+from draftkit.drafters.suffix import SuffixCache, SuffixConfig, SuffixDrafter, SuffixIndex, merge
 from tests.models import ARCHS, tiny_model
-from verify.accept import Sampling
-from verify.budget import FixedBudget
-from verify.contract import Budget, DecodeState, Drafter, StepResult
-from verify.decode import generate as _generate
+from draftkit.verify.accept import Sampling
+from draftkit.verify.budget import FixedBudget
+from draftkit.verify.contract import Budget, DecodeState, Drafter, StepResult
+from draftkit.verify.decode import generate as _generate
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -132,7 +132,7 @@ def test_eviction_keeps_the_global_index_under_its_bound_least_recently_used_fir
 
 
 def test_frequent_contexts_walked_by_count_give_the_same_trees(monkeypatch):
-    import drafters.suffix as suffix
+    import draftkit.drafters.suffix as suffix
 
     rng = random.Random(2)
     index = SuffixIndex()
@@ -316,7 +316,7 @@ def test_sampling_through_suffix_drafts_follows_the_target():
 def test_repeated_requests_share_their_tail_and_differ_before_it():
     from transformers import AutoTokenizer
 
-    from eval.repeated import INSTRUCTION, build_repeated
+    from draftkit.eval.repeated import INSTRUCTION, build_repeated
 
     tok = AutoTokenizer.from_pretrained(os.path.join(ROOT, "zoo", "tokenizer"))
     prompts = build_repeated(tok, n=4, length=96, seed=0)

@@ -20,9 +20,9 @@ import torch
 import yaml
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from train.config import TrainConfig, load_recipe, parse_config
-from train.data import train_tokenizer
-from train.loop import STATE_FILE, cli
+from draftkit.train.config import TrainConfig, load_recipe, parse_config
+from draftkit.train.data import train_tokenizer
+from draftkit.train.loop import STATE_FILE, cli
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPTS = {"zoo": "pretrain", "draft": "draft", "medusa": "medusa", "eagle": "eagle"}
@@ -47,7 +47,7 @@ def test_every_recipe_loads_against_its_script(path):
     first = open(path).readline()
     script = SCRIPTS[folder]
     assert first.startswith(f"# {SINGLE} train/{script}.py --config {path}"), "the launch command comes first"
-    cfg = parse_config(config_class(importlib.import_module(f"train.{script}")), ["--config", path])
+    cfg = parse_config(config_class(importlib.import_module(f"draftkit.train.{script}")), ["--config", path])
     data = load_recipe(path, type(cfg))
     assert "export_dir" not in data, "the final model must follow --output_dir"
     assert not any("runs/" in str(data.get(k, "")) for k in ("target", "init_from", "init_heads")), \
@@ -56,7 +56,7 @@ def test_every_recipe_loads_against_its_script(path):
 
 @pytest.mark.parametrize("script", sorted(set(SCRIPTS.values())))
 def test_every_flag_has_help(script, capsys):
-    cls = config_class(importlib.import_module(f"train.{script}"))
+    cls = config_class(importlib.import_module(f"draftkit.train.{script}"))
     assert issubclass(cls, TrainConfig)
     for f in cls.__dataclass_fields__.values():
         assert f.metadata.get("help"), f"{cls.__name__}.{f.name} has no help text"
@@ -68,7 +68,7 @@ def test_every_flag_has_help(script, capsys):
 
 
 def test_flags_override_the_yaml_and_lists_take_both_forms():
-    from train.eagle import EagleTrainConfig
+    from draftkit.train.eagle import EagleTrainConfig
 
     path = "recipes/eagle/eagle3.yaml"
     cfg = parse_config(EagleTrainConfig, ["--config", path, "--lr", "1e-2", "--feature_layers", "[0, 2, -1]"])
@@ -80,7 +80,7 @@ def test_flags_override_the_yaml_and_lists_take_both_forms():
 
 
 def test_unknown_recipe_key_is_an_error(tmp_path, capsys):
-    from train.pretrain import PretrainConfig
+    from draftkit.train.pretrain import PretrainConfig
 
     bad = tmp_path / "bad.yaml"
     bad.write_text("hidden_sise: 12\n")
@@ -92,7 +92,7 @@ def test_unknown_recipe_key_is_an_error(tmp_path, capsys):
 
 
 def test_a_missing_target_folder_is_named(tmp_path):
-    from train.config import TrainError, resolve_model
+    from draftkit.train.config import TrainError, resolve_model
 
     with pytest.raises(TrainError, match="runs/target/final: no such folder"):
         resolve_model("runs/target/final", "target")
@@ -145,7 +145,7 @@ def recipe_argv(name, tiny, out, *extra):
 
 
 def run_recipe(name, argv):
-    return importlib.import_module(f"train.{name}").main(argv)
+    return importlib.import_module(f"draftkit.train.{name}").main(argv)
 
 
 @pytest.mark.parametrize("name", ["pretrain", "draft", "medusa", "eagle"])
@@ -176,7 +176,7 @@ def files_under(root: Path) -> dict:
 def test_a_finished_run_continues_into_the_same_wandb_run(tiny, tmp_path, monkeypatch):
     """A run shorter than checkpoint_every still ends with a checkpoint; raising --max_steps continues it
     (no restart), logs to the same W&B run, and nothing is written outside --output_dir."""
-    from train.pretrain import main
+    from draftkit.train.pretrain import main
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("WANDB_MODE", "offline")
@@ -203,7 +203,7 @@ def test_a_finished_run_continues_into_the_same_wandb_run(tiny, tmp_path, monkey
 
 
 def test_changed_model_shape_is_a_one_line_error(tiny, tmp_path, capsys):
-    from train.pretrain import main
+    from draftkit.train.pretrain import main
 
     out = tmp_path / "shape"
     main(recipe_argv("pretrain", tiny, out, "--max_steps", "2"))
@@ -220,8 +220,8 @@ def test_changed_model_shape_is_a_one_line_error(tiny, tmp_path, capsys):
 
 
 def test_interrupted_and_corrupt_checkpoints(tiny, tmp_path):
-    from train.config import TrainError
-    from train.pretrain import main
+    from draftkit.train.config import TrainError
+    from draftkit.train.pretrain import main
 
     out = tmp_path / "c"
     common = ["--max_steps", "4", "--checkpoint_every", "2"]
@@ -254,7 +254,7 @@ def test_zoo_build_commands_parse_and_finished_stages_are_skipped(tmp_path):
     assert len(stages) == 5  # draft, eagle2, medusa1, medusa2, eagle3
     for command in stages:
         words = shlex.split(command)
-        cls = config_class(importlib.import_module("train." + Path(words[1]).stem))
+        cls = config_class(importlib.import_module("draftkit.train." + Path(words[1]).stem))
         cfg = parse_config(cls, words[2:])
         assert cfg.corpus == "python" and cfg.target == str(done) and cfg.output_dir.startswith(str(tmp_path))
 

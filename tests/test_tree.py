@@ -2,10 +2,10 @@
 import pytest
 import torch
 from tests.models import ARCHS, tiny_model
-from verify.cache import KVBuffer
-from verify.contract import DraftTree
-from verify.forward import Verifier, probe_tree_attention, run_model
-from verify.tree import MaskBuffer, path_slots, positions, verify_block, verify_offsets
+from draftkit.verify.cache import KVBuffer
+from draftkit.verify.contract import DraftTree
+from draftkit.verify.forward import Verifier, probe_tree_attention, run_model
+from draftkit.verify.tree import MaskBuffer, path_slots, positions, verify_block, verify_offsets
 
 # a tree with two branches of different depths:  root -> 0 -> 2 -> 4 ; root -> 1 -> 3
 TREE = DraftTree(torch.tensor([5, 6, 7, 8, 9]), torch.tensor([-1, -1, 0, 1, 2])).validate()
@@ -151,7 +151,7 @@ def test_tree_forward_equals_each_path_run_alone(arch):
 
 
 def test_model_without_tree_attention_gets_a_clear_error(monkeypatch):
-    from verify.forward import TreeAttentionUnsupported
+    from draftkit.verify.forward import TreeAttentionUnsupported
 
     model = tiny_model("llama")
     model._draftkit_tree_ok = False  # as if the probe had found wrong tree logits
@@ -169,7 +169,7 @@ def test_verify_never_imports_drafters():
 
     root = pathlib.Path(__file__).resolve().parent.parent / "verify"
     offenders = [str(p.name) for p in root.glob("*.py")
-                 if re.search(r"^\s*(from|import)\s+drafters\b", p.read_text(), re.M)]
+                 if re.search(r"^\s*(from|import)\s+(draftkit\.)?drafters\b", p.read_text(), re.M)]
     assert root.exists() and len(list(root.glob("*.py"))) >= 6
     assert offenders == []
 
@@ -182,5 +182,5 @@ def test_eval_and_the_library_never_import_train():
     root = pathlib.Path(__file__).resolve().parent.parent
     files = [p for d in ("verify", "drafters", "eval", "draftkit") for p in (root / d).glob("*.py")]
     offenders = [str(p.relative_to(root)) for p in files
-                 if re.search(r"^\s*(from|import)\s+train\b", p.read_text(), re.M)]
+                 if re.search(r"^\s*(from|import)\s+(draftkit\.)?train\b", p.read_text(), re.M)]
     assert offenders == []

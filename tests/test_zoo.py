@@ -6,7 +6,7 @@ from transformers import AutoTokenizer
 import draftkit as dk
 import draftkit.zoo as zoo_mod
 from tests.models import tiny_model
-from train.ship import ship
+from draftkit.train.ship import ship
 
 
 @pytest.fixture()

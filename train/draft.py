@@ -20,10 +20,10 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM  # noqa: E402
 
-from train.config import TrainConfig, field, parse_config, resolve_model, shared  # noqa: E402
-from train.data import BlockSampler, heldout_batches, load_streams  # noqa: E402
-from train.loop import Loop, cli, save_hf  # noqa: E402
-from train.pretrain import heldout_loss, llama_config  # noqa: E402
+from draftkit.train.config import TrainConfig, field, parse_config, resolve_model, shared  # noqa: E402
+from draftkit.train.data import BlockSampler, heldout_batches, load_streams  # noqa: E402
+from draftkit.train.loop import Loop, cli, save_hf  # noqa: E402
+from draftkit.train.pretrain import heldout_loss, llama_config  # noqa: E402
 
 
 @dataclass

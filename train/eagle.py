@@ -44,11 +44,11 @@ from torch import nn  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache  # noqa: E402
 
-from drafters.eagle import EagleDraftModel, EagleDrafter  # noqa: E402
-from drafters.eagle_reference import frequent_tokens, make_draft  # noqa: E402
-from train.config import TrainConfig, TrainError, field, parse_config, resolve_model, shared  # noqa: E402
-from train.data import BlockSampler, heldout_batches, load_streams  # noqa: E402
-from train.loop import Loop, cli  # noqa: E402
+from draftkit.drafters.eagle import EagleDraftModel, EagleDrafter  # noqa: E402
+from draftkit.drafters.eagle_reference import frequent_tokens, make_draft  # noqa: E402
+from draftkit.train.config import TrainConfig, TrainError, field, parse_config, resolve_model, shared  # noqa: E402
+from draftkit.train.data import BlockSampler, heldout_batches, load_streams  # noqa: E402
+from draftkit.train.loop import Loop, cli  # noqa: E402
 
 
 @dataclass
@@ -270,7 +270,7 @@ def heldout_accuracy(loss_fn: EagleLoss, source: FeatureSource, stream: torch.Te
 @torch.no_grad()
 def measure_tau(target, draft, stream: torch.Tensor, prompts: int, new_tokens: int, prompt_len: int = 128) -> dict:
     """Mean accepted length of the EAGLE-2 tree (default flags) on held-out prompts, greedy."""
-    from verify.decode import generate
+    from draftkit.verify.decode import generate
 
     if prompts < 1 or stream.numel() < prompt_len + 1:
         return {}

@@ -31,8 +31,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import torch  # noqa: E402
 
-from drafters.exporters import FORMATS, export_eagle, export_medusa, export_standalone, kind_of  # noqa: E402
-from drafters.formats import TOKEN_MAP, ExportRefused, detect, load_eagle_draft, read_config  # noqa: E402
+from draftkit.drafters.exporters import FORMATS, export_eagle, export_medusa, export_standalone, kind_of  # noqa: E402
+from draftkit.drafters.formats import TOKEN_MAP, ExportRefused, detect, load_eagle_draft, read_config  # noqa: E402
 
 DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
 

@@ -35,7 +35,7 @@ from typing import Callable
 
 import torch
 
-from train.config import TrainError
+from draftkit.train.config import TrainError
 
 STATE_FILE = "trainer_state.json"
 RUN_ID_FILE = "wandb_run_id"

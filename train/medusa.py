@@ -36,10 +36,10 @@ import torch.nn.functional as F  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache  # noqa: E402
 
-from drafters.medusa import MedusaHeads, build_tree_choices, expected_accepted, save_medusa  # noqa: E402
-from train.config import TrainConfig, TrainError, field, parse_config, resolve_model, shared  # noqa: E402
-from train.data import BlockSampler, heldout_batches, load_streams  # noqa: E402
-from train.loop import Loop, cli  # noqa: E402
+from draftkit.drafters.medusa import MedusaHeads, build_tree_choices, expected_accepted, save_medusa  # noqa: E402
+from draftkit.train.config import TrainConfig, TrainError, field, parse_config, resolve_model, shared  # noqa: E402
+from draftkit.train.data import BlockSampler, heldout_batches, load_streams  # noqa: E402
+from draftkit.train.loop import Loop, cli  # noqa: E402
 
 
 @dataclass

@@ -17,9 +17,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import torch  # noqa: E402
 from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM  # noqa: E402
 
-from train.config import TrainConfig, TrainError, field, parse_config, shared  # noqa: E402
-from train.data import BlockSampler, build_corpus, heldout_batches, token_streams, train_tokenizer  # noqa: E402
-from train.loop import Loop, cli, save_hf  # noqa: E402
+from draftkit.train.config import TrainConfig, TrainError, field, parse_config, shared  # noqa: E402
+from draftkit.train.data import BlockSampler, build_corpus, heldout_batches, token_streams, train_tokenizer  # noqa: E402
+from draftkit.train.loop import Loop, cli, save_hf  # noqa: E402
 
 
 @dataclass

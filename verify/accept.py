@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
-from verify.contract import WITHOUT_REPLACEMENT, DraftTree
+from draftkit.verify.contract import WITHOUT_REPLACEMENT, DraftTree
 
 
 @dataclass

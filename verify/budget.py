@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from verify.contract import Budget
-from verify.stats import StepStats
+from draftkit.verify.contract import Budget
+from draftkit.verify.stats import StepStats
 
 #: the cap of a drafter that declares none
 DEFAULT_CAP = Budget(max_depth=16, max_nodes=64)
@@ -66,7 +66,7 @@ def make_policy(spec, drafter, model) -> BudgetPolicy:
             return FixedBudget(cap)
         policy = getattr(drafter, "_auto_budget", None)
         if policy is None or policy.model is not model or policy.cap != cap:
-            from verify.controller import AutoBudget
+            from draftkit.verify.controller import AutoBudget
 
             policy = AutoBudget(model, cap)
             try:

@@ -33,8 +33,8 @@ from pathlib import Path
 
 import torch
 
-from verify.contract import Budget
-from verify.stats import StepStats
+from draftkit.verify.contract import Budget
+from draftkit.verify.stats import StepStats
 
 PROFILE_SIZES = (1, 2, 4, 8, 16, 32, 64)
 PROFILE_TTL_S = 24 * 3600
@@ -107,8 +107,8 @@ class CostProfile:
     @torch.no_grad()
     def measure(cls, model, context: int, sizes=PROFILE_SIZES, reps: int = 5) -> "CostProfile":
         """A few forwards at `context` tokens: the median of `reps` timings per tree size."""
-        from verify.contract import DraftTree
-        from verify.forward import Verifier
+        from draftkit.verify.contract import DraftTree
+        from draftkit.verify.forward import Verifier
 
         ver = Verifier(model, capacity=context + max(sizes) + 2)
         vocab = ver.vocab_size

@@ -17,11 +17,11 @@ from dataclasses import dataclass
 
 import torch
 
-from verify.accept import Sampling, accept, verifier_generator
-from verify.budget import BudgetPolicy, make_policy
-from verify.contract import DecodeState, Drafter, DraftTree, NoDrafter, StepResult
-from verify.forward import Verifier
-from verify.stats import DecodeStats, StepStats
+from draftkit.verify.accept import Sampling, accept, verifier_generator
+from draftkit.verify.budget import BudgetPolicy, make_policy
+from draftkit.verify.contract import DecodeState, Drafter, DraftTree, NoDrafter, StepResult
+from draftkit.verify.forward import Verifier
+from draftkit.verify.stats import DecodeStats, StepStats
 
 
 @dataclass

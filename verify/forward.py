@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import torch
 
-from verify.cache import KVBuffer
-from verify.contract import DraftTree
-from verify.tree import MaskBuffer, positions, verify_block, verify_offsets
+from draftkit.verify.cache import KVBuffer
+from draftkit.verify.contract import DraftTree
+from draftkit.verify.tree import MaskBuffer, positions, verify_block, verify_offsets
 
 
 class TreeAttentionUnsupported(RuntimeError):

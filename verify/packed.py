@@ -24,14 +24,14 @@ from dataclasses import dataclass, field
 
 import torch
 
-from verify.accept import Sampling, accept, verifier_generator
-from verify.budget import make_policy
-from verify.cache import KVBuffer
-from verify.contract import DecodeState, DraftTree, StepResult
-from verify.decode import GenerationOutput, as_prompt, check_room, eos_set, finish
-from verify.forward import Verifier
-from verify.stats import DecodeStats, StepStats
-from verify.tree import verify_block, verify_offsets
+from draftkit.verify.accept import Sampling, accept, verifier_generator
+from draftkit.verify.budget import make_policy
+from draftkit.verify.cache import KVBuffer
+from draftkit.verify.contract import DecodeState, DraftTree, StepResult
+from draftkit.verify.decode import GenerationOutput, as_prompt, check_room, eos_set, finish
+from draftkit.verify.forward import Verifier
+from draftkit.verify.stats import DecodeStats, StepStats
+from draftkit.verify.tree import verify_block, verify_offsets
 
 SHARED = -1
 

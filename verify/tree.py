@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import torch
 
-from verify.contract import DraftTree
+from draftkit.verify.contract import DraftTree
 
 
 def verify_block(tree: DraftTree, prefix_len: int) -> torch.Tensor:
