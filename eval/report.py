@@ -185,7 +185,44 @@ def plot_results(report: dict, folder: str) -> list[str]:
     paths.append(os.path.join(folder, "acceptance_by_depth.png"))
     fig.savefig(paths[-1], dpi=120, bbox_inches="tight")
     plt.close(fig)
+    if any(r.get("budget_depth") is not None for r in rows if r["drafter"] != "plain"):
+        paths.append(plot_budget(rows, methods, tasks, folder))
     return paths
+
+
+def plot_budget(rows: list[dict], methods: list[str], tasks: list[str], folder: str) -> str:
+    """The controller's chosen draft depth (mean over steps, plain steps as 0) against the acceptance it
+    measured, one point per method and task, beside the seeds' flat-cost K*(alpha) at the run's median phi."""
+    import matplotlib.pyplot as plt
+
+    from draftkit.verify.controller import seeds_best_k
+
+    fig, ax = plt.subplots(figsize=(5.6, 3.8))
+    marks = "osD^vP*X"
+    for j, m in enumerate(methods):
+        for k, t in enumerate(tasks):
+            r = next((r for r in rows if r["drafter"] == m and r["task"] == t), None)
+            if r and r.get("budget_depth") is not None and r.get("alpha") is not None:
+                ax.scatter(r["alpha"], r["budget_depth"], color=f"C{j}", marker=marks[k % len(marks)], s=30,
+                           label=m if k == 0 else None)
+    phis = sorted(r["phi"] for r in rows if r.get("phi") and r["drafter"] != "plain")
+    if phis:
+        phi = phis[len(phis) // 2]
+        alphas = [a / 100 for a in range(0, 96)]
+        ax.plot(alphas, [seeds_best_k(a, phi, max_k=16)[0] for a in alphas], color="grey", lw=1, ls="--",
+                label=f"seeds' K* (flat verify, phi {phi:.2f})")
+    for k, t in enumerate(tasks):  # task markers, in grey, for the legend only
+        ax.scatter([], [], color="grey", marker=marks[k % len(marks)], s=30, label=f"task: {t}")
+    ax.set_xlabel("measured acceptance alpha")
+    ax.set_ylabel("mean draft depth chosen (plain steps = 0)")
+    ax.set_xlim(0, 1)
+    ax.set_ylim(bottom=0)
+    ax.set_title("budget chosen by the controller vs acceptance", fontsize=9)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0)
+    path = os.path.join(folder, "budget_vs_acceptance.png")
+    fig.savefig(path, dpi=120, bbox_inches="tight")
+    plt.close(fig)
+    return path
 
 
 def log_wandb(report: dict) -> None:

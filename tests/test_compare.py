@@ -31,6 +31,7 @@ def test_quick_compare_runs_and_nothing_is_lost(tmp_path):
     assert all(r["tau"] >= 1.0 and r["acceptance_by_depth"] for r in drafted)
     assert any(r["tau"] > 1.2 for r in drafted)  # trained drafters are accepted
     assert (out / "speedup.png").exists() and (out / "compare.txt").exists()
+    assert (out / "budget_vs_acceptance.png").exists()  # the default budget is the controller's
 
 
 @pytest.mark.slow
