@@ -134,7 +134,7 @@ def report(task: str, res: dict, seconds: float) -> None:
 
 
 def per_request(res) -> list[DecodeStats]:
-    """The first repeat's stats of each prompt, in order (split from the merged steps when the
+    """Each prompt's stats (every repeat merged), in order (split from the merged steps when the
     result does not keep them per prompt: each prompt's steps commit its output's tokens)."""
     by_prompt = getattr(res, "stats_by_prompt", None)
     if by_prompt:

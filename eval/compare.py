@@ -136,12 +136,14 @@ def run(args, target_path, tok, tasks, notes, started: float) -> int:
             with tqdm(total=total, desc="compare", unit="run") as bar:
                 first = next(iter(tasks.values()))[0].ids
                 warm_up(methods, first[::-1][:64], bar)  # reversed: text that no task continues
+                profiled: set[int] = set()
                 for task, prompts in tasks.items():
                     for m in methods:
                         getattr(m.run, "new_task", lambda *a: None)(prompts[0].ids, task == "repeated")
+                    # the verify curve of this run, measured before the timed runs (and saved for the controller)
+                    curve = verify_curve(target, len(prompts[0].ids), profiled)
                     res = measure(methods, [p.ids for p in prompts], args.repeats, bar,
                                   on_error=lambda m, i, msg, tb: failed(task, m, msg, tb, prompts[i].source))
-                    curve = verify_curve(target, len(prompts[0].ids))
                     for row in task_rows(task, methods, res, greedy=args.temperature == 0, cost_curve=curve):
                         writer.add(row)
             if args.batch_size_list:
@@ -190,15 +192,19 @@ def batch_rows(args, target, prompts, bar) -> list[dict]:
     return run_batches(target, ids, names, args.batch_size_list, args.max_new_tokens, 1, args.budget)
 
 
-def verify_curve(target, context: int):
-    """c(n) of the target at this context (the controller's saved profile), or None for a model the
-    profile cannot time (the predicted-speedup column is then left empty)."""
-    from draftkit.verify.controller import CostProfile
+def verify_curve(target, context: int, profiled: set[int]):
+    """c(n) of the target at this context, or None for a model the profile cannot time (the predicted-speedup
+    column is then left empty). Measured afresh once per context bucket and run (`profiled` remembers which)
+    and saved, so the controller plans with the machine as it is now, not as it was when a profile was saved."""
+    from draftkit.verify.controller import CostProfile, context_bucket
 
+    bucket = context_bucket(context)
     try:
-        return CostProfile.for_model(target, context).c
+        curve = CostProfile.for_model(target, context, refresh=bucket not in profiled).c
     except (AttributeError, TypeError, RuntimeError, ValueError):
         return None
+    profiled.add(bucket)
+    return curve
 
 
 def settings_of(args) -> dict:

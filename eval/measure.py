@@ -35,8 +35,8 @@ class Result:
     outputs: list = field(default_factory=list)  # [prompt] -> tokens of the first repeat (None: failed)
     seconds: list[dict[int, float]] = field(default_factory=list)  # [repeat][prompt]
     tokens: list[dict[int, int]] = field(default_factory=list)  # [repeat][prompt]
-    stats: DecodeStats = field(default_factory=DecodeStats)  # first repeat, all prompts merged
-    stats_by_prompt: dict[int, DecodeStats] = field(default_factory=dict)  # first repeat
+    stats: DecodeStats = field(default_factory=DecodeStats)  # every repeat and prompt merged
+    stats_by_prompt: dict[int, DecodeStats] = field(default_factory=dict)  # every repeat merged
     memory: dict[str, int] = field(default_factory=dict)  # largest footprint seen after a run
     failed: dict[int, str] = field(default_factory=dict)  # prompt -> error message
 
@@ -92,9 +92,10 @@ def measure(methods: list[Method], prompts: list[list[int]], repeats: int, progr
                         res.tokens[r][i] = len(out)
                         if r == 0:
                             res.outputs[i] = out
-                            if stats is not None:
-                                res.stats_by_prompt[i] = stats
-                                res.stats = res.stats.merge(stats)
+                        if stats is not None:  # every repeat: the speedup is a median over all of them
+                            old = res.stats_by_prompt.get(i)
+                            res.stats_by_prompt[i] = stats if old is None else old.merge(stats)
+                            res.stats = res.stats.merge(stats)
                         if m.footprint is not None:
                             res.memory = {k: max(res.memory.get(k, 0), v) for k, v in m.footprint().items()}
                 if progress is not None:

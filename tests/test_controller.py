@@ -155,3 +155,37 @@ def test_auto_budget_keeps_sampling_exact():
         counts[a * V + b] += 1
     tv = 0.5 * (counts / n - exact).abs().sum()
     assert tv < 0.08, tv
+
+
+def test_a_profile_off_by_a_factor_is_rescaled_then_measured_again(monkeypatch):
+    """A profile saved while the machine was twice as slow: the steps rescale every size (measured or not),
+    and the next sequence measures the profile again."""
+    import draftkit.verify.controller as ctl
+
+    calls = []
+
+    def for_model(model, context, cache=True, refresh=False):
+        calls.append(refresh)
+        return flat(0.05, plain_s=0.02)
+
+    monkeypatch.setattr(ctl.CostProfile, "for_model", staticmethod(for_model))
+    policy = AutoBudget(None, Budget(4, 4), cache_profile=False)
+    policy.start(100)
+    assert calls == [False]
+    true = flat(0.05, plain_s=0.01)  # the machine now: half the profile's times
+    for _ in range(ctl.STALE_AFTER):
+        b = policy.budget(100)
+        n = b.max_nodes if b.max_depth else 1  # a plain choice still gets measured as a one-node step here
+        policy.observe(StepStats(n, max(b.max_depth, 1), 1, 2, 0.001, true.plain_s * true.c(n)), 100)
+    assert policy.scale == pytest.approx(0.5, rel=0.02)
+    assert policy.verify_time(64) == pytest.approx(true.plain_s * true.c(64), rel=0.02)  # a size never run
+    assert policy.verify_time(0) == pytest.approx(0.01, rel=0.02)  # no plain step yet: the scaled profile's
+    policy.start(100)
+    assert calls == [False, True] and policy.scale is None and policy.correction == {}
+
+
+def test_plan_never_makes_a_bigger_tree_cheaper_to_verify():
+    policy = AutoBudget(None, Budget(4, 8), profile=flat(0.1), cache_profile=False)
+    policy.correction = {2: 1.5, 4: 0.6}  # noisy per-size corrections: 4 nodes "cheaper" than 2
+    _, _, times = policy.plan()
+    assert all(b >= a for a, b in zip(times, times[1:]))

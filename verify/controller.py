@@ -14,7 +14,11 @@ the drafting time a + b * D is fitted to the drafter's measured steps. The contr
 D* = argmax E(D) / T(D). Sequoia and SmartSpec choose budgets from measured costs the same
 way; with a flat c(n) this is the seeds' S(alpha, K, phi) (see `seeds_best_k`).
 
-When D* = 0 the drafter idles, and every `probe_every` plain steps (doubling up to 32 while probes
+The profile's times are scaled by what the steps measure (one factor for the whole curve, refined per
+size where steps have measured it), so a profile taken while the machine was busier or quieter than now
+heals; when the steps keep contradicting it by more than a quarter, the next sequence measures it again.
+
+When D* = 0 the drafter idles, and every `probe_every` plain steps (doubling up to 16 while probes
 keep losing) it drafts once at its best depth to re-measure, so a method that starts paying on
 later text is picked up again. Within a step, `Budget.min_path_prob` tells a drafter with path
 confidences (EAGLE-2, standalone trees) to stop expanding paths whose draft probability is
@@ -38,6 +42,10 @@ from draftkit.verify.stats import StepStats
 
 PROFILE_SIZES = (1, 2, 4, 8, 16, 32, 64)
 PROFILE_TTL_S = 24 * 3600
+PROBE_WAIT_MAX = 16  # plain steps between probes at most, while probes keep losing
+STALE_AFTER = 12  # drafted steps before the measured scale may declare the profile stale
+STALE_SCALE = (0.75, 1.33)  # measured / profiled verify time outside this: measure the profile again
+REMEASURE_EVERY_S = 300.0  # at most one re-measurement per policy in this time
 
 
 def seeds_speedup(alpha: float, k: int, phi: float) -> float:
@@ -142,12 +150,13 @@ class CostProfile:
         return cls(plain, list(sizes), ratios, context)
 
     @classmethod
-    def for_model(cls, model, context: int, cache: bool = True) -> "CostProfile":
-        """The saved profile for this machine + model + context bucket, measured and saved if absent."""
+    def for_model(cls, model, context: int, cache: bool = True, refresh: bool = False) -> "CostProfile":
+        """The saved profile for this machine + model + context bucket, measured and saved if absent
+        (or when `refresh`: a benchmark about to start, or a saved profile that the steps contradict)."""
         bucket = context_bucket(context)
         key = f"{machine_key()}|{model_key(model)}|ctx{bucket}"
         path = _cache_dir() / (hashlib.sha256(key.encode()).hexdigest()[:20] + ".json")
-        if cache and path.exists():
+        if cache and path.exists() and not refresh:
             try:
                 prof = cls(**json.loads(path.read_text()))
                 if time.time() - prof.measured_at < PROFILE_TTL_S:
@@ -254,14 +263,21 @@ class AutoBudget:
         self.acceptance = AcceptanceModel(max(cap.max_depth, 1))
         self.draft_cost = DraftCost()  # measured drafting seconds per step, by depth
         self.plain_s: float | None = None  # measured plain step seconds (EMA; the profile's until measured)
-        self.correction: dict[int, float] = {}  # per profile size: measured verify time / the profile's (EMA)
+        self.scale: float | None = None  # measured verify time / the profile's, over every drafted step (EMA)
+        self.correction: dict[int, float] = {}  # per profile size, on top of scale (EMA)
+        self._scaled_steps, self._stale, self._measured_at = 0, False, 0.0
         self.probe_every, self._probe_wait, self._idle = probe_every, probe_every, 0
         self.choices: list[tuple[int, int]] = []  # (depth, nodes) given per step, for reports
         self.predicted: list[tuple[float, float]] = []  # (expected committed, expected seconds) per step
 
     def start(self, prompt_len: int) -> None:
-        if self.profile is None or context_bucket(prompt_len) != self.profile.context:
-            self.profile = CostProfile.for_model(self.model, prompt_len, cache=self.cache_profile)
+        if self.profile is None or context_bucket(prompt_len) != self.profile.context or self._stale:
+            refresh = self._stale and time.monotonic() - self._measured_at > REMEASURE_EVERY_S
+            self.profile = CostProfile.for_model(self.model, prompt_len, cache=self.cache_profile, refresh=refresh)
+            if refresh:  # a new curve: what the steps measured against the old one no longer applies
+                self.scale, self.correction, self._scaled_steps = None, {}, 0
+                self._measured_at = time.monotonic()
+            self._stale = False
 
     def nodes(self, depth: int) -> int:
         return min(self.cap.max_nodes, max(depth, round(self.nodes_per_depth * depth)))
@@ -270,25 +286,22 @@ class AutoBudget:
         return min(self.profile.sizes, key=lambda s: abs(s - nodes))
 
     def verify_time(self, nodes: int) -> float:
-        """Seconds to verify `nodes` draft nodes: the profile's curve, corrected by what steps measured."""
+        """Seconds to verify `nodes` draft nodes: the profile's curve, scaled by what steps measured."""
+        scale = self.scale or 1.0
         if nodes == 0:
-            if self.plain_s is not None:
-                return self.plain_s
-            # no plain step measured yet: the correction of the smallest measured tree stands in for it
-            near = self.correction.get(min(self.correction), 1.0) if self.correction else 1.0
-            return self.profile.plain_s * near
-        return self.profile.plain_s * self.profile.c(nodes) * self.correction.get(self._bucket(nodes), 1.0)
-
-    def step_time(self, depth: int) -> float:
-        if depth == 0:
-            return self.verify_time(0)
-        return self.verify_time(self.nodes(depth)) + self.draft_cost(depth)
+            # a measured plain step wins; until then the profile's, scaled like the drafted steps
+            return self.plain_s if self.plain_s is not None else self.profile.plain_s * scale
+        return self.profile.plain_s * self.profile.c(nodes) * scale * self.correction.get(self._bucket(nodes), 1.0)
 
     def plan(self) -> tuple[int, list[float], list[float]]:
         """(best depth, expected committed per depth, expected seconds per depth) for depths 0..max."""
         reach = self.acceptance.reach()
-        gains = [1.0 + sum(reach[:d]) for d in range(self.cap.max_depth + 1)]
-        times = [self.step_time(d) for d in range(self.cap.max_depth + 1)]
+        depths = range(self.cap.max_depth + 1)
+        gains = [1.0 + sum(reach[:d]) for d in depths]
+        verify = [self.verify_time(self.nodes(d) if d else 0) for d in depths]
+        for d in depths[1:]:  # a bigger tree never verifies faster: per-size corrections carry noise
+            verify[d] = max(verify[d], verify[d - 1])
+        times = [v + self.draft_cost(d) for d, v in zip(depths, verify)]
         best = max(range(len(gains)), key=lambda d: gains[d] / times[d])
         return best, gains, times
 
@@ -305,7 +318,7 @@ class AutoBudget:
             self._probes = getattr(self, "_probes", 0) + 1
             best = max(range(1, len(gains)), key=lambda d: gains[d] / times[d]) if self._probes % 2 else \
                 self.cap.max_depth
-            self._idle, self._probe_wait = 0, min(self._probe_wait * 2, 32)
+            self._idle, self._probe_wait = 0, min(self._probe_wait * 2, PROBE_WAIT_MAX)
         else:
             self._probe_wait = self.probe_every
         # within the step: a path is worth one more depth if its chance beats the marginal cost
@@ -324,11 +337,16 @@ class AutoBudget:
             return
         self.acceptance.observe(step.depth, step.accepted)
         self.draft_cost.observe(step.depth, step.draft_s)
-        # the measured verify time corrects the curve near this size (a profile taken on a busy machine heals)
-        bucket = self._bucket(step.drafted)
+        # the measured verify time rescales the whole curve, and refines it near this size
         ratio = step.verify_s / (self.profile.plain_s * self.profile.c(step.drafted))
+        self.scale = ratio if self.scale is None else 0.8 * self.scale + 0.2 * ratio
+        bucket = self._bucket(step.drafted)
         old = self.correction.get(bucket)
-        self.correction[bucket] = ratio if old is None else 0.7 * old + 0.3 * ratio
+        residual = ratio / self.scale
+        self.correction[bucket] = residual if old is None else 0.7 * old + 0.3 * residual
+        self._scaled_steps += 1
+        if self._scaled_steps >= STALE_AFTER and not STALE_SCALE[0] <= self.scale <= STALE_SCALE[1]:
+            self._stale = True  # measured again when the next sequence starts
 
     def summary(self) -> dict:
         """Budgets given and what the model predicted, for reports."""
@@ -339,5 +357,5 @@ class AutoBudget:
         return {"mean_depth": statistics.mean(d for d, _ in steps), "mean_nodes": statistics.mean(n for _, n in steps),
                 "plain_share": sum(d == 0 for d, _ in steps) / len(steps),
                 "predicted_speedup": (committed / seconds) * plain if seconds and plain else None,
-                "pass_rates": self.acceptance.rates(), "draft_s_by_depth": [self.draft_cost(d) for d in (1, 2, 4)],
+                "pass_rates": self.acceptance.rates(), "verify_scale": self.scale, "draft_s_by_depth": [self.draft_cost(d) for d in (1, 2, 4)],
                 "verify_curve": dict(zip(self.profile.sizes, self.profile.ratios)) if self.profile else None}
