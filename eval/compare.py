@@ -51,7 +51,7 @@ def build_methods(args, target, tokenizer, on_error=None):
     sampling = dk.Sampling(temperature=args.temperature, top_p=args.top_p)
     seed_counter = iter(range(10**9))
 
-    def ours(drafter):
+    def ours(drafter, budget="auto"):
         carry = {"first": None, "keep": False}
 
         def run(ids):
@@ -60,7 +60,7 @@ def build_methods(args, target, tokenizer, on_error=None):
             if hasattr(drafter, "forget") and (not carry["keep"] or ids == carry["first"]):
                 drafter.forget()
             # sampled runs differ in length per method, so they ignore EOS to time equal work
-            out = dk.generate(target, ids, drafter, max_new_tokens=n, sampling=sampling, budget=args.budget,
+            out = dk.generate(target, ids, drafter, max_new_tokens=n, sampling=sampling, budget=budget,
                               seed=args.seed + next(seed_counter), eos_token_id=[] if args.temperature > 0 else None)
             return out.tokens.tolist(), out.stats
 
@@ -77,19 +77,24 @@ def build_methods(args, target, tokenizer, on_error=None):
     model_flag = {"draft": args.draft, "eagle": args.eagle, "medusa": args.medusa}
     methods = [Method("plain", ours(None), footprint=lambda: {"params": 0, "kv": 0, "buffers": 0}, about="")]
     peers = []
+    budgets = ("auto", "fixed") if args.budget == "both" else (args.budget,)
     for name in args.drafter_names:
         entry = REGISTRY[name]
-        try:
-            drafter = dk.make_drafter(name, target, model_flag.get(entry.default_model), tokenizer=tokenizer,
-                                      **drafter_settings(args, name))
+        try:  # one drafter per budget: each keeps its own state (and the controller what it learned)
+            drafters = [dk.make_drafter(name, target, model_flag.get(entry.default_model), tokenizer=tokenizer,
+                                        **drafter_settings(args, name)) for _ in budgets]
         except Exception as exc:  # noqa: BLE001 - one drafter that cannot be built must not stop the others
             if on_error is None:
                 raise
             on_error(name, error_message(exc), traceback.format_exc())
             continue
+        for budget, drafter in zip(budgets, drafters):
+            cap = drafter.budget_cap
+            about = f"{entry.about}; caps: depth {cap.max_depth}, {cap.max_nodes} nodes; budget {budget}"
+            label = f"{name} fixed" if args.budget == "both" and budget == "fixed" else name
+            methods.append(Method(label, ours(drafter, budget), footprint=memory(drafter), about=about))
+        drafter = drafters[0]
         cap = drafter.budget_cap
-        about = f"{entry.about}; caps: depth {cap.max_depth}, {cap.max_nodes} nodes; budget {args.budget}"
-        methods.append(Method(name, ours(drafter), footprint=memory(drafter), about=about))
         if args.no_peers or args.temperature > 0:
             continue
         if name == "standalone":
@@ -189,7 +194,8 @@ def batch_rows(args, target, prompts, bar) -> list[dict]:
     ids = [p.ids for p in prompts]
     ids = (ids * (max(args.batch_size_list) // len(ids) + 1))[:max(args.batch_size_list)]
     bar.write(f"batches of {', '.join(map(str, args.batch_size_list))}: {', '.join(names)} and plain")
-    return run_batches(target, ids, names, args.batch_size_list, args.max_new_tokens, 1, args.budget)
+    budget = "auto" if args.budget == "both" else args.budget
+    return run_batches(target, ids, names, args.batch_size_list, args.max_new_tokens, 1, budget)
 
 
 def verify_curve(target, context: int, profiled: set[int]):

@@ -29,9 +29,11 @@ def _dest(method: str, field: str) -> str:
 
 def add_drafter_flags(ap) -> None:
     group = ap.add_argument_group("drafting (settings of drafters/registry.py; unset: each method's default)")
-    group.add_argument("--budget", choices=("auto", "fixed"), default="auto",
+    group.add_argument("--budget", choices=("auto", "fixed", "both"), default="auto",
                        help="auto: the cost-aware controller picks each step's depth and nodes (down to a plain "
-                            "step) within the caps below; fixed: every step drafts the caps")
+                            "step) within the caps below; fixed: every step drafts the caps; both: each drafter "
+                            "twice, interleaved in the same run (rows '<method>' and '<method> fixed') "
+                            "(default: %(default)s)")
     group.add_argument("--max-depth", type=int, default=None,
                        help=f"most draft levels per step, for every method (default: each method's own, {SHARED_DEPTH} "
                             "for most)")

@@ -52,3 +52,15 @@ def test_shipped_drafters_are_lossless_on_long_generations():
         ref = dk.generate(target, ids, max_new_tokens=256).tokens.tolist()
         for name, drafter in drafters.items():
             assert dk.generate(target, ids, drafter, max_new_tokens=256).tokens.tolist() == ref, name
+
+
+def test_budget_both_runs_each_drafter_under_both_budgets_in_one_run(tmp_path):
+    out = tmp_path / "both"
+    proc = subprocess.run([sys.executable, "eval/compare.py", "--quick", "--budget", "both", "--drafters", "lookahead",
+                           "--no-peers", "--tasks", "copy", "--prompts", "1", "--max-new-tokens", "16",
+                           "--out", str(out)], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = {r["drafter"]: r for r in json.loads((out / "compare.json").read_text())["rows"]}
+    assert set(rows) == {"plain", "lookahead", "lookahead fixed"}
+    assert "budget auto" in rows["lookahead"]["settings"] and "budget fixed" in rows["lookahead fixed"]["settings"]
+    assert rows["lookahead fixed"]["plain_step_share"] is not None and rows["lookahead"]["lossless"] is True
