@@ -75,11 +75,13 @@ def _standalone(target, path, tokenizer, s: StandaloneSettings):
     return StandaloneDrafter(draft, **dataclasses.asdict(s))
 
 
-def _eagle(target, path, tokenizer, s: EagleSettings):
-    from draftkit.models import resolve
-    from draftkit.drafters.eagle import EagleDrafter
+def _eagle_from(default: str):
+    def build_eagle(target, path, tokenizer, s: EagleSettings):
+        from draftkit.models import resolve
+        from draftkit.drafters.eagle import EagleDrafter
 
-    return EagleDrafter.from_pretrained(resolve(path, "eagle"), target, **dataclasses.asdict(s))
+        return EagleDrafter.from_pretrained(resolve(path, default), target, **dataclasses.asdict(s))
+    return build_eagle
 
 
 def _medusa(target, path, tokenizer, s: MedusaSettings):
@@ -100,8 +102,10 @@ def _lookahead(target, path, tokenizer, s: LookaheadSettings):
 REGISTRY: dict[str, Entry] = {
     "standalone": Entry(StandaloneSettings, _standalone, "draft", "a small causal LM: a chain (or top-k tree)"),
     "medusa": Entry(MedusaSettings, _medusa, "medusa", "Medusa heads: a sparse tree of head top-k choices"),
-    "eagle": Entry(EagleSettings, _eagle, "eagle", "EAGLE feature-level draft: EAGLE-2 dynamic tree"),
-    "eagle-chain": Entry(EagleChainSettings, _eagle, "eagle", "EAGLE drafting a chain"),
+    "eagle": Entry(EagleSettings, _eagle_from("eagle"), "eagle", "EAGLE feature-level draft: EAGLE-2 dynamic tree"),
+    "eagle-chain": Entry(EagleChainSettings, _eagle_from("eagle"), "eagle", "EAGLE drafting a chain"),
+    "eagle3": Entry(EagleSettings, _eagle_from("eagle3"), "eagle3",
+                    "EAGLE-3 draft (fused low / middle / high target features): EAGLE-2 dynamic tree"),
     "lookahead": Entry(LookaheadSettings, _lookahead, None, "n-gram cache + Jacobi lookahead branch, no training"),
 }
 

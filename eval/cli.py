@@ -49,11 +49,14 @@ def build_parser(description: str | None = None) -> Parser:
     ap = Parser(prog="compare.py", description=description, formatter_class=HelpFormatter)
     ap.add_argument("--drafters", default="all",
                     help="comma list of drafters (standalone, medusa, eagle, eagle-chain: EAGLE drafting a chain "
-                         "of --max-depth, lookahead, suffix) or 'all'")
+                         "of --max-depth, eagle3, lookahead, suffix) or 'all' (default: %(default)s)")
     ap.add_argument("--target", help="target: HF hub id or folder (default: the shipped target, zoo/target)")
     ap.add_argument("--draft", help="standalone draft model: HF hub id or folder (default: the shipped draft)")
     ap.add_argument("--medusa", help="saved Medusa heads folder (default: the shipped heads)")
-    ap.add_argument("--eagle", help="saved EAGLE draft folder (default: the shipped EAGLE draft)")
+    ap.add_argument("--eagle", help="EAGLE-1/2 draft folder for eagle and eagle-chain, draftkit's or a public layout "
+                                    "(default: the shipped EAGLE-2 draft, zoo/eagle)")
+    ap.add_argument("--eagle3", help="EAGLE-3 draft folder for eagle3, draftkit's or a public layout (default: the "
+                                     "shipped EAGLE-3 draft, zoo/eagle3)")
     ap.add_argument("--tasks", help=_preset_help("tasks", f"comma list of built-in tasks: {', '.join(TASKS)}"))
     ap.add_argument("--prompts-file", help="JSONL of prompts ({\"prompt\": ...} or Spec-Bench's \"turns\"); "
                                            "replaces --tasks (default: none, the built-in tasks)")
@@ -114,7 +117,7 @@ def check_flags(args) -> list[check.PromptText] | None:
     args.batch_size_list = batch_sizes(args.batch_sizes)
     check.temperature(args.temperature)
     check.top_p(args.top_p)
-    for flag in ("target", "draft", "medusa", "eagle"):
+    for flag in ("target", "draft", "medusa", "eagle", "eagle3"):
         check.model_ref(f"--{flag}", getattr(args, flag))
     if args.prompts_file is None:
         args.task_names = check.names("--tasks", args.tasks, TASKS)
@@ -128,7 +131,8 @@ def check_flags(args) -> list[check.PromptText] | None:
 
 
 # which drafters each model flag feeds: a flag whose drafters are all left out is a mistake
-MODEL_FLAGS = {"--draft": ("standalone",), "--medusa": ("medusa",), "--eagle": ("eagle", "eagle-chain")}
+MODEL_FLAGS = {"--draft": ("standalone",), "--medusa": ("medusa",), "--eagle": ("eagle", "eagle-chain"),
+               "--eagle3": ("eagle3",)}
 
 
 def check_drafters(args, choices) -> None:

@@ -22,7 +22,8 @@ def test_quick_compare_runs_and_nothing_is_lost(tmp_path):
     report = json.loads((out / "compare.json").read_text())
     assert len((out / "rows.jsonl").read_text().splitlines()) == len(report["rows"])
     rows = report["rows"]
-    assert {r["drafter"] for r in rows} >= {"plain", "standalone", "medusa", "eagle", "eagle-chain", "lookahead"}
+    assert {r["drafter"] for r in rows} >= {"plain", "standalone", "medusa", "eagle", "eagle-chain", "eagle3",
+                                            "lookahead", "suffix"}
     for row in rows:
         assert ROW_KEYS <= set(row), row
         assert row["lossless"] is True, row  # greedy: every output identical to plain decoding
