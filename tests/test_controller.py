@@ -189,3 +189,15 @@ def test_plan_never_makes_a_bigger_tree_cheaper_to_verify():
     policy.correction = {2: 1.5, 4: 0.6}  # noisy per-size corrections: 4 nodes "cheaper" than 2
     _, _, times = policy.plan()
     assert all(b >= a for a, b in zip(times, times[1:]))
+
+
+def test_at_the_cap_only_a_level_s_own_cost_prunes_paths():
+    """Drafting at the deepest budget: the path floor comes from what the last level costs (here almost nothing),
+    not from the step's average cost per depth, which would cut every tree down to its first level."""
+    policy = AutoBudget(None, Budget(4, 8), profile=flat(0.0), cache_profile=False)
+    policy.acceptance = AcceptanceModel(4, prior_rate=0.8, prior_weight=1e9)
+    for depth in (1, 4):
+        policy.draft_cost.observe(depth, 0.0001 * depth)  # 0.1 ms a level against a 10 ms plain step
+    budget = policy.budget(100)
+    assert budget.max_depth == 4
+    assert budget.min_path_prob < 0.05

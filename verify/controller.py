@@ -321,9 +321,12 @@ class AutoBudget:
             self._idle, self._probe_wait = 0, min(self._probe_wait * 2, PROBE_WAIT_MAX)
         else:
             self._probe_wait = self.probe_every
-        # within the step: a path is worth one more depth if its chance beats the marginal cost
+        # within the step: a path is worth one more depth if its chance beats the marginal cost of a level,
+        # the step to the next depth (at the cap: the step to this one; an average per depth would count the
+        # plain step's own cost and cut every tree down to its first level)
         rate = gains[best] / times[best]  # committed tokens per second at the optimum
-        marginal = (times[min(best + 1, len(times) - 1)] - times[best]) or times[best] / max(best, 1)
+        below, above = (best - 1, best) if best == len(times) - 1 else (best, best + 1)
+        marginal = max(0.0, times[above] - times[below])
         budget = Budget(best, self.nodes(best), min_path_prob=min(0.5, marginal * rate))
         self.choices.append((budget.max_depth, budget.max_nodes))
         self.predicted.append((gains[best], times[best]))
