@@ -9,7 +9,7 @@ Prints:
     over the same token counts (the root + a chain, and the root + a bushy tree), and the
     verifier's overhead on top of the raw forward;
  2. the loop's own time per decoding step outside model forwards (plain decoding);
- 3. the share of each step spent drafting for EAGLE and the standalone draft (fixed budgets);
+ 3. the share of each step spent drafting for EAGLE-2, EAGLE-3 and the standalone draft (fixed budgets);
  4. plain decoding through draftkit against transformers' `generate`, interleaved.
 """
 from __future__ import annotations
@@ -112,9 +112,9 @@ def loop_overhead(target, prompts, n: int) -> tuple[float, float]:
 
 
 def draft_shares(target, tok, prompts, n: int) -> dict[str, tuple[float, float]]:
-    """(draft share of a step, tau) for EAGLE's tree and chain and the standalone chain, fixed budgets."""
+    """(draft share of a step, tau) for EAGLE-2 (tree, chain), EAGLE-3 (tree) and the standalone chain, fixed budgets."""
     out = {}
-    for name in ("eagle", "eagle-chain", "standalone"):
+    for name in ("eagle", "eagle-chain", "eagle3", "standalone"):
         drafter = dk.make_drafter(name, target, tokenizer=tok)
         stats = None
         for ids in prompts:

@@ -61,8 +61,8 @@ class EagleTrainConfig(TrainConfig):
     ttt_steps: int = field(1, "training-time test: unrolled draft steps on its own features (1 = EAGLE-1/2)")
     ttt_decay: float = field(0.8, "loss weight of unrolled step i is ttt_decay ** i")
     init_from_target: bool = field(False, "start the draft's decoder layer as a copy of the target's last layer")
-    layout: str = field("draftkit", "draft architecture: draftkit (its own, the zoo's) or reference (what vLLM / "
-                                    "SGLang compute: exportable with train/export.py)")
+    layout: str = field("draftkit", "draft architecture: draftkit (its own) or reference (the zoo's: what vLLM / "
+                                    "SGLang compute, exportable with train/export.py)")
     draft_vocab_size: int = field(0, "reference layout: the draft vocabulary = this many most frequent target tokens "
                                      "of the training data (0: EAGLE-3 a quarter of the target's, EAGLE-1/2 all of "
                                      "it; -1: all of it)")
