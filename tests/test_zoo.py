@@ -1,4 +1,6 @@
 """The shipped-model manifest: hashes checked on load, clear errors, and the three-line API."""
+import os
+
 import pytest
 import torch
 from transformers import AutoTokenizer
@@ -58,3 +60,15 @@ def test_missing_file_and_missing_model_are_clear_errors(tiny_zoo):
 def test_unknown_drafter_name():
     with pytest.raises(ValueError, match="unknown drafter 'eagel'"):
         dk.make_drafter("eagel", tiny_model("llama"))
+
+
+def test_exporting_a_shipped_drafter_names_the_shipped_target(tmp_path, capsys):
+    """A shipped draft records the folder it was trained against, which a checkout does not have: the serve
+    commands name the shipped target instead."""
+    from draftkit.models import resolve
+    from draftkit.train.export import main
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    assert main([os.path.join(root, "zoo", "eagle3"), "--format", "vllm", "--out", str(tmp_path / "e3")]) == 0
+    out = capsys.readouterr().out
+    assert f"vllm serve {resolve(None, 'target')} " in out

@@ -38,12 +38,16 @@ DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch
 
 
 def _default_target(path: str, recorded: str) -> str:
-    """--target when given; else the target the drafter records if it is a local folder; else the zoo's."""
-    if recorded and os.path.isdir(recorded):
-        return recorded
+    """The target to name when --target is not given: the shipped target for a shipped drafter (it records the
+    folder it was trained against, which a fresh checkout does not have), else the target the drafter records
+    (a folder or a hub id), else the shipped one."""
     from draftkit.models import resolve
 
-    return resolve(None, "target")
+    shipped = resolve(None, "target")
+    zoo = os.path.dirname(os.path.abspath(shipped))
+    if os.path.dirname(os.path.abspath(path)) == zoo or not recorded:
+        return shipped
+    return recorded
 
 
 def _architectures(target: str) -> list[str] | None:
@@ -134,7 +138,7 @@ def export(args) -> tuple[str, list[str]]:
             from draftkit.models import load_model
 
             draft = load_eagle_draft(src, load_model(args.target))
-        target = args.target or draft.config.target_name
+        target = args.target or _default_target(src, draft.config.target_name)
         msg = export_eagle(draft, args.format, out, dtype, target_name=target,
                            speculative_tokens=args.speculative_tokens, target_architectures=_architectures(target))
         eagle3 = len(draft.config.feature_layers) == 3
