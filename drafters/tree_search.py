@@ -99,24 +99,18 @@ def sample_chain(root_logits: torch.Tensor, forward: Forward, depth: int, greedy
                                 extra=list(range(depth - 1)) + [-1])
 
 
-def dynamic_tree(root_logits: torch.Tensor, forward: Forward, depth: int, top_k: int,
-                 max_nodes: int, min_path_prob: float = 0.0) -> DraftTree:
-    """EAGLE-2 style tree of at most max_nodes deterministic nodes (q is None: lossless with one-hot q).
-    Drafting stops at the first level whose frontier holds less path probability than min_path_prob in all
-    (the tokens one more level can add; a level's nodes run in one forward, so the test is on their sum)."""
+def dynamic_tree(root_logits: torch.Tensor, forward: Forward, depth: int, top_k: int, max_nodes: int) -> DraftTree:
+    """EAGLE-2 style tree of at most max_nodes deterministic nodes (q is None: lossless with one-hot q): each
+    level expands the top_k best paths so far; the budget's depth, chosen from measured acceptance, ends it."""
     dev = root_logits.device
-    floor = math.log(min_path_prob) if min_path_prob > 0 else None
     top = root_logits.float().log_softmax(-1).topk(top_k)
     toks, scores = [top.indices], [top.values]  # per expansion: (k,) tokens and cumulative log-probs
     pars, depths = [torch.full((top_k,), -1, device=dev)], [torch.ones(top_k, dtype=torch.long, device=dev)]
     frontier = torch.arange(top_k, device=dev)  # node ids (into the concatenation of toks) to run next
-    mass = top.values  # (k,) cumulative log-probs of the frontier
     run = torch.zeros(0, dtype=torch.long, device=dev)  # node ids in run order
     anc = torch.zeros(0, 0, dtype=torch.bool, device=dev)  # (E, E) ancestors among run rows
     row_of = torch.full((top_k + (depth - 1) * top_k * top_k,), -1, dtype=torch.long, device=dev)
     for d in range(1, depth):
-        if floor is not None and float(mass.logsumexp(0)) < floor:  # one host read per level
-            break
         all_toks, all_pars = torch.cat(toks), torch.cat(pars)
         k, e = frontier.numel(), run.numel()
         parent_rows = row_of[all_pars[frontier].clamp_min(0)].where(all_pars[frontier] >= 0, -1)
@@ -137,7 +131,7 @@ def dynamic_tree(root_logits: torch.Tensor, forward: Forward, depth: int, top_k:
         pars.append(frontier.repeat_interleave(top_k))
         depths.append(torch.full((k * top_k,), d + 1, device=dev))
         best = cand.flatten().topk(min(top_k, cand.numel()))
-        frontier, mass = first_new + best.indices, best.values
+        frontier = first_new + best.indices
     host = [t.tolist() for t in (torch.cat(toks), torch.cat(pars), torch.cat(scores), torch.cat(depths), run)]
     return _select(*host, max_nodes, dev)
 
