@@ -276,7 +276,8 @@ def tiny_run(tmp_path_factory):
 def _argv(root, out, steps, *extra):
     return ["--target", str(root / "target"), "--corpus", str(root / "corpus.txt"), "--cache_dir", str(root / "cache"),
             "--seq_len", "32", "--batch_size", "8", "--max_steps", str(steps), "--warmup_steps", "2", "--lr", "3e-3",
-            "--eval_every", "1000", "--eval_blocks", "4", "--eval_tau_prompts", "0", "--output_dir", str(out), *extra]
+            "--eval_every", "1000", "--eval_blocks", "4", "--eval_tau_prompts", "0", "--output_dir", str(out),
+            "--train_rows", "64", "--shard_rows", "32", *extra]
 
 
 def test_training_lowers_losses_and_logs(tiny_run, monkeypatch):
@@ -305,12 +306,13 @@ def test_training_eagle3_ttt(tiny_run):
 
     report = train_eagle.main(_argv(tiny_run, tiny_run / "run_eagle3", 6, "--wandb", "false", "--feature_layers",
                                     "[0, 1, -1]", "--ttt_steps", "3", "--feature_loss_weight", "0",
-                                    "--token_loss_weight", "1.0", "--cache_features", "true",
-                                    "--feature_cache_batches", "3", "--regenerate", "true", "--regen_blocks", "8",
-                                    "--regen_prompt_len", "8"))
+                                    "--token_loss_weight", "1.0", "--data_mode", "cached", "--regenerate", "true",
+                                    "--train_rows", "8", "--shard_rows", "4", "--regen_prompt_len", "8"))
     assert len(report["heldout_top1_by_step"]) == 3 and report["feature_layers"] == [0, 1, 2]
     assert {"acc_0", "acc_1", "acc_2"} <= set(report["history"][-1])
-    assert len(os.listdir(glob.glob(str(tiny_run / "cache" / "eagle-feats-*"))[0])) == 3
+    # one folder per layer, one file per shard of 4 rows (other tests' caches read only the last layer)
+    (feats,) = [d for d in glob.glob(str(tiny_run / "cache" / "feats-*")) if os.path.isdir(os.path.join(d, "L0"))]
+    assert sorted(os.listdir(feats)) == ["L0", "L1", "L2"] and len(os.listdir(os.path.join(feats, "L2"))) == 2
 
 
 def test_resume_continues_at_the_right_step(tiny_run, monkeypatch):
@@ -319,17 +321,19 @@ def test_resume_continues_at_the_right_step(tiny_run, monkeypatch):
     args = ("--wandb", "false", "--checkpoint_every", "2")
     full = train_eagle.main(_argv(tiny_run, tiny_run / "full", 4, *args))
 
-    real_get = train_eagle.FeatureSource.get
+    from draftkit.train.targetdata import TargetData
+
+    real_batch = TargetData.batch
 
     def crash_at_3(self, step):
         if step == 3:
             raise KeyboardInterrupt("simulated interruption")
-        return real_get(self, step)
+        return real_batch(self, step)
 
-    monkeypatch.setattr(train_eagle.FeatureSource, "get", crash_at_3)
+    monkeypatch.setattr(TargetData, "batch", crash_at_3)
     with pytest.raises(KeyboardInterrupt):
         train_eagle.main(_argv(tiny_run, tiny_run / "cut", 4, *args))
-    monkeypatch.setattr(train_eagle.FeatureSource, "get", real_get)
+    monkeypatch.setattr(TargetData, "batch", real_batch)
     resumed = train_eagle.main(_argv(tiny_run, tiny_run / "cut", 4, *args))
     assert full["resumed_from"] == 0 and resumed["resumed_from"] == 2
     assert [h["loss"] for h in resumed["history"]] == pytest.approx([h["loss"] for h in full["history"][2:]], rel=1e-5)

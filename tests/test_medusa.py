@@ -12,7 +12,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from draftkit.verify.contract import Budget, DecodeState, Drafter, StepResult
 from draftkit.drafters.medusa import (MedusaDrafter, MedusaHeads, build_tree_choices, check_tree_choices, default_accuracies,
                              expected_accepted, has_adapter, load_medusa, load_target_with_adapter)
-from draftkit.train.medusa import generate_batch, head_losses
+from draftkit.train.medusa import head_losses
 from draftkit.train.medusa import main as train_main
 from draftkit.verify.accept import Sampling
 from draftkit.verify.decode import generate as _generate
@@ -34,6 +34,18 @@ def tiny_target(vocab=64, hidden=32, layers=2, seed=0, max_pos=256, tie=False) -
                       tie_word_embeddings=tie, bos_token_id=0, eos_token_id=0, pad_token_id=0)
     torch.manual_seed(seed)
     return LlamaForCausalLM(cfg).eval()
+
+
+@torch.no_grad()
+def generate_batch(model, prompts, new_tokens: int, temperature: float = 0.0, gen=None) -> torch.Tensor:
+    """(B, P) prompts -> (B, P + new_tokens), greedy or sampled, without a cache (tiny models); EOS does not stop it."""
+    out = prompts
+    for _ in range(new_tokens):
+        logits = model(input_ids=out).logits[:, -1].float()
+        nxt = torch.multinomial((logits / temperature).softmax(-1), 1, generator=gen) if temperature > 0 \
+            else logits.argmax(-1, keepdim=True)
+        out = torch.cat([out, nxt], 1)
+    return out
 
 
 def fit_heads(target, num_heads=3, steps=60, temperature=0.0, seed=0, share_lm_head=False) -> MedusaHeads:
@@ -109,7 +121,7 @@ def tiny_setup(tmp_path_factory):
 def train_argv(root, out, *extra):
     return ["--target", str(root / "target"), "--corpus", str(root / "corpus.txt"), "--cache_dir", "",
             "--seq_len", "32", "--batch_size", "4", "--eval_blocks", "8", "--eval_every", "10",
-            "--tree_size", "10", "--output_dir", str(out), *extra]
+            "--tree_size", "10", "--output_dir", str(out), "--train_rows", "32", "--shard_rows", "16", *extra]
 
 
 @pytest.fixture
@@ -314,9 +326,8 @@ def test_train_resumes_from_checkpoint(tiny_setup, tmp_path, wandb_offline):
 def test_train_medusa2_greedy_equals_merged_target(tiny_setup, tmp_path, wandb_offline):
     out = tmp_path / "m2"
     report = train_main(train_argv(tiny_setup, out, "--mode", "medusa2", "--max_steps", "6", "--num_heads", "2",
-                                   "--lr", "0.01", "--self_distill", "true", "--distill_tokens", "256",
-                                   "--distill_prompt_len", "8", "--distill_gen_len", "32",
-                                   "--distill_fraction", "0.5"))
+                                   "--lr", "0.01", "--regenerate", "true", "--train_rows", "8", "--shard_rows", "4",
+                                   "--regen_prompt_len", "8", "--data_mode", "online"))
     assert "heldout_target_loss" in report and "heldout_target_loss_original" in report
     final = out / "final"
     assert has_adapter(str(final)) and (final / "adapter_model.safetensors").exists()

@@ -284,9 +284,10 @@ def fresh_clone(dest: Path) -> Path:
 
 # a few steps of each command, small batches; everything goes to a folder outside the clone
 FEW_STEPS = ["--max_steps", "2", "--eval_blocks", "1", "--batch_size", "2", "--seq_len", "64"]
-SCRIPT_EXTRA = {"medusa": ["--distill_tokens", "64", "--distill_gen_len", "32", "--distill_prompt_len", "16",
-                           "--eval_top_k", "3", "--tree_size", "4"],
-                "eagle": ["--eval_tau_prompts", "1", "--eval_new_tokens", "4"]}
+FEW_ROWS = ["--train_rows", "4", "--shard_rows", "2", "--regen_prompt_len", "16"]  # the drafters' data path
+SCRIPT_EXTRA = {"medusa": [*FEW_ROWS, "--eval_top_k", "3", "--tree_size", "4"],
+                "eagle": [*FEW_ROWS, "--eval_tau_prompts", "1", "--eval_new_tokens", "4"],
+                "draft": FEW_ROWS}
 
 
 @pytest.mark.slow

@@ -109,25 +109,28 @@ class RecipeParser(HfArgumentParser):
                             default=field.default_factory(), help=field.metadata.get("help"))
 
 
-def load_recipe(path: str, cls) -> dict:
-    """The YAML's keys, checked against the recipe's fields (a typo is an error, not a silent default)."""
+def load_recipe(path: str, cls, ignore_unknown: bool = False) -> dict:
+    """The YAML's keys, checked against the recipe's fields (a typo is an error, not a silent default);
+    ignore_unknown keeps only the fields of `cls` (a tool that reads part of another recipe's YAML)."""
     with open(path) as fh:
         data = yaml.safe_load(fh) or {}
     names = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(data) - names)
+    if ignore_unknown:
+        return {k: v for k, v in data.items() if k in names}
     if unknown:
         raise ValueError(f"{path}: unknown keys {unknown} for {cls.__name__}; known: {sorted(names)}")
     return data
 
 
-def parse_config(cls, argv=None, description: str = ""):
+def parse_config(cls, argv=None, description: str = "", ignore_unknown: bool = False):
     """Build `cls` from --config YAML, then command-line overrides (argv: default sys.argv[1:])."""
     parser = RecipeParser(cls, description=description, formatter_class=_Formatter)
     parser.add_argument("--config", help="YAML recipe under recipes/ (its keys are the flags below; flags win)")
     pre, _ = _config_flag.parse_known_args(argv)
     if pre.config:
         try:
-            parser.set_defaults(**load_recipe(pre.config, cls))
+            parser.set_defaults(**load_recipe(pre.config, cls, ignore_unknown))
         except (OSError, ValueError) as err:
             parser.error(str(err))
     try:

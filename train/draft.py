@@ -3,8 +3,9 @@
     accelerate launch --config_file recipes/accelerate/single.yaml train/draft.py --config recipes/draft/distill.yaml
     python train/draft.py --config recipes/draft/distill.yaml           # one CPU
 
-Loss: KL(p_target || q_draft) over the whole vocabulary at every position (the draft learns the target's
-distributions, not just the corpus's next token), plus an optional cross-entropy term. `init_from` starts
+Loss: KL(p_target || q_draft) over the whole vocabulary at every trained position (the draft learns the target's
+distributions, not just the next token), plus an optional cross-entropy term. The rows and p come through the
+one data path (train/targetdata.py): text the target regenerated, p from its stored final hidden state. `init_from` starts
 from an existing small causal LM instead of random weights ("default": the shipped draft); with `lora_r` > 0
 only LoRA adapters (peft) train. The target defaults to the shipped one (zoo/target).
 """
@@ -20,14 +21,14 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM  # noqa: E402
 
-from draftkit.train.config import TrainConfig, field, parse_config, resolve_model, shared  # noqa: E402
-from draftkit.train.data import BlockSampler, heldout_batches, load_streams  # noqa: E402
+from draftkit.train.config import field, parse_config, resolve_model, shared  # noqa: E402
 from draftkit.train.loop import Loop, cli, save_hf  # noqa: E402
-from draftkit.train.pretrain import heldout_loss, llama_config  # noqa: E402
+from draftkit.train.pretrain import llama_config  # noqa: E402
+from draftkit.train.targetdata import TargetDataConfig, target_data  # noqa: E402
 
 
 @dataclass
-class DraftConfig(TrainConfig):
+class DraftConfig(TargetDataConfig):
     target: str = field("default", "target model to distil from: a folder, a hub id, or default (the shipped target)")
     init_from: str = field("", "start from this causal LM (folder, hub id, or default: the shipped draft) instead "
                                "of random weights")
@@ -64,26 +65,31 @@ def build_draft(cfg, target) -> torch.nn.Module:
     return LlamaForCausalLM(config)
 
 
-def distill_loss(draft_logits, target_logits, labels, ce_weight):
-    """Mean over positions of KL(p || q) (+ ce_weight * CE). Shapes (B, T, V), labels (B, T)."""
+def distill_loss(draft_logits, target_logits, labels, mask, ce_weight):
+    """KL(p || q) (+ ce_weight * CE) averaged over the trained positions. Shapes (B, T, V); labels, mask (B, T)."""
+    w = mask.float()
     logq = draft_logits.float().log_softmax(-1)
     logp = target_logits.float().log_softmax(-1)
-    kl = (logp.exp() * (logp - logq)).sum(-1).mean()
+    kl = ((logp.exp() * (logp - logq)).sum(-1) * w).sum() / w.sum().clamp_min(1.0)
     if not ce_weight:
         return kl, kl
-    ce = F.cross_entropy(draft_logits[:, :-1].flatten(0, 1).float(), labels[:, 1:].flatten())
+    ce = F.cross_entropy(draft_logits[:, :-1].flatten(0, 1).float(), labels[:, 1:].flatten(), reduction="none")
+    ce = (ce * w[:, :-1].flatten()).sum() / w[:, :-1].sum().clamp_min(1.0)
     return kl + ce_weight * ce, kl
 
 
 @torch.no_grad()
-def top1_agreement(draft, target, stream, seq_len, blocks) -> float:
-    """Share of held-out positions where the draft's argmax equals the target's."""
+def heldout_metrics(draft, head, data, blocks) -> dict:
+    """Held-out next-token loss of the draft and the share of positions where its argmax equals the target's."""
     hits = total = 0
-    for batch in heldout_batches(stream, seq_len, blocks, next(draft.parameters()).device):
-        same = draft(input_ids=batch).logits.argmax(-1) == target(input_ids=batch).logits.argmax(-1)
-        hits += int(same.sum())
-        total += same.numel()
-    return hits / total
+    nll = 0.0
+    for b in data.heldout(blocks):
+        logits = draft(input_ids=b.ids).logits
+        same = (logits.argmax(-1) == head(b.last).argmax(-1))[b.loss_mask]
+        hits, total = hits + int(same.sum()), total + same.numel()
+        nll += F.cross_entropy(logits[:, :-1][b.loss_mask[:, :-1]].float(), b.ids[:, 1:][b.loss_mask[:, :-1]],
+                               reduction="sum").item()
+    return {"loss": nll / max(1, total), "top1_agreement": hits / max(1, total)}
 
 
 def main(argv=None):
@@ -92,24 +98,23 @@ def main(argv=None):
     with Loop(cfg, "draftkit-draft") as loop:
         tokenizer = AutoTokenizer.from_pretrained(target_path)
         target = AutoModelForCausalLM.from_pretrained(target_path, dtype=torch.float32).eval().requires_grad_(False)
-        corpus, train_stream, heldout_stream = load_streams(cfg, tokenizer, loop.acc)
+        target = target.to(loop.acc.device)
+        data = target_data(cfg, target, tokenizer, loop.acc, seed=loop.data_seed)  # the last hidden state: p
+        loop.tokens_per_row = data.tokens_per_epoch / data.rows.shape[0]
+        head = target.get_output_embeddings()
         draft = build_draft(cfg, target)
         n_params = sum(p.numel() for p in draft.parameters())
         (draft,) = loop.prepare(draft)
-        target = target.to(loop.acc.device)
-        sampler = BlockSampler(train_stream, cfg.seq_len, cfg.batch_size, loop.data_seed)
 
         def step_loss(i):
-            batch = sampler.batch(i).to(loop.acc.device)
+            b = data.batch(i)
             with torch.no_grad():
-                t_logits = target(input_ids=batch).logits
-            loss, kl = distill_loss(draft(input_ids=batch).logits, t_logits, batch, cfg.ce_weight)
+                t_logits = head(b.last)  # (B, T, V): p from the stored final hidden state, no target forward
+            loss, kl = distill_loss(draft(input_ids=b.ids).logits, t_logits, b.ids, b.loss_mask, cfg.ce_weight)
             return loss, {"kl": kl.detach()}
 
         def evaluate():
-            model = loop.unwrap(draft)
-            return {"loss": heldout_loss(model, heldout_stream, cfg.seq_len, cfg.eval_blocks),
-                    "top1_agreement": top1_agreement(model, target, heldout_stream, cfg.seq_len, cfg.eval_blocks)}
+            return heldout_metrics(loop.unwrap(draft), head, data, cfg.eval_blocks)
 
         result = loop.run(step_loss, evaluate, desc="distil draft", show=("kl",))
         if result.stopped:
@@ -119,7 +124,9 @@ def main(argv=None):
             model = model.merge_and_unload()
         report = {"heldout_loss": result.final["loss"], "top1_agreement": result.final["top1_agreement"],
                   "params": n_params, "steps": cfg.max_steps, "resumed_from": result.start_step,
-                  "target": target_path, "corpus": corpus.source, "corpus_fingerprint": corpus.fingerprint}
+                  "target": target_path, "corpus": data.corpus.source, "corpus_fingerprint": data.corpus.fingerprint,
+                  "regenerated": cfg.regenerate, "data_mode": cfg.data_mode, "tokens_seen": loop.tokens_seen(cfg.max_steps),
+                  "scaling": loop.heldout_history()}
         if loop.acc.is_main_process:
             save_hf(model, tokenizer, loop.final_dir)
         loop.write_report(report)

@@ -4,13 +4,13 @@
     python train/eagle.py --config recipes/eagle/eagle2.yaml          # one CPU
     python train/eagle.py --config recipes/eagle/eagle3.yaml
 
-Each step runs the frozen target under no_grad over a batch of token blocks
-(or loads its features from the on-disk cache, cache_features) and trains the
-draft on pairs (f_t, x_{t+1}) -> f_{t+1}:
+Each step reads a batch of rows and the frozen target's hidden states from the one data path
+(train/targetdata.py: text the target regenerated, its features stored once and read every epoch, or
+computed online) and trains the draft on pairs (f_t, x_{t+1}) -> f_{t+1}:
   loss = sum_i ttt_decay^i * (feature_loss_weight * SmoothL1(f^, f) +
                                token_loss_weight * CE(p_target, q_draft))
-where step i > 0 of the training-time test feeds the draft its own predicted
-features (as at decoding time, along a chain) and step 0 the true, noised ones.
+over the trained positions (loss_mask), where step i > 0 of the training-time test feeds the draft its own
+predicted features (as at decoding time, along a chain) and step 0 the true, noised ones.
 EAGLE-1/2: ttt_steps 1, losses 1.0 / 0.1. EAGLE-3: fused low/mid/high features,
 ttt_steps > 1, feature loss 0.
 
@@ -30,8 +30,6 @@ saves the draft folder and prints a JSON report.
 """
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 import sys
 from dataclasses import dataclass
@@ -41,18 +39,17 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from torch import nn  # noqa: E402
-from tqdm import tqdm  # noqa: E402
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache  # noqa: E402
 
 from draftkit.drafters.eagle import EagleDraftModel, EagleDrafter  # noqa: E402
 from draftkit.drafters.eagle_reference import frequent_tokens, make_draft  # noqa: E402
-from draftkit.train.config import TrainConfig, TrainError, field, parse_config, resolve_model, shared  # noqa: E402
-from draftkit.train.data import BlockSampler, heldout_batches, load_streams  # noqa: E402
+from draftkit.train.config import TrainError, field, parse_config, resolve_model, shared  # noqa: E402
 from draftkit.train.loop import Loop, cli  # noqa: E402
+from draftkit.train.targetdata import TargetDataConfig, target_data  # noqa: E402
 
 
 @dataclass
-class EagleTrainConfig(TrainConfig):
+class EagleTrainConfig(TargetDataConfig):
     target: str = field("default", "target model (a folder, a hub id, or default: the shipped target); its "
                                    "tokenizer is used too")
     feature_layers: list[int] = field([], "hidden-state indices the draft reads (0 = embeddings, -1 = last): [] = "
@@ -69,14 +66,6 @@ class EagleTrainConfig(TrainConfig):
     feature_noise: float = field(0.2, "width of the uniform noise U(-w/2, w/2) added to the input target features")
     feature_loss_weight: float = field(1.0, "SmoothL1 loss on the predicted features (EAGLE-3: 0)")
     token_loss_weight: float = field(0.1, "cross-entropy of the draft against the target's distribution")
-    cache_features: bool = field(False, "store the target's features per batch on disk and reuse them "
-                                        "(default: computed on the fly under no_grad)")
-    feature_cache_batches: int = field(0, "distinct batches in the feature cache, cycled like epochs "
-                                          "(0: every micro-batch of the run)")
-    regenerate: bool = field(False, "train on text the target itself generated from corpus prompts (self-distillation)")
-    regen_blocks: int = field(256, "blocks of regenerated text (prompt + continuation, seq_len tokens each)")
-    regen_prompt_len: int = field(64, "corpus tokens that start each regenerated block")
-    regen_temperature: float = field(1.0, "sampling temperature of the regeneration (0: greedy)")
     eval_tau_prompts: int = field(4, "held-out prompts for the final tau measurement (0: skip)")
     eval_new_tokens: int = field(64, "tokens generated per prompt for tau")
     output_dir: str = shared("output_dir", "runs/eagle2")
@@ -93,90 +82,6 @@ class EagleTrainConfig(TrainConfig):
             raise TrainError(f"layout must be draftkit or reference, got {self.layout!r}")
         if self.layout == "draftkit" and self.draft_vocab_size > 0:
             raise TrainError("draft_vocab_size needs layout: reference (draftkit's layout uses the full vocabulary)")
-
-
-# --- data -------------------------------------------------------------------------------------------
-
-def _digest(*parts) -> str:
-    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
-
-
-def target_fingerprint(target) -> str:
-    """A hash of the target's weights and config (keys the regeneration and feature caches)."""
-    h = hashlib.sha256(json.dumps(target.config.to_dict(), sort_keys=True, default=str).encode())
-    for name, p in sorted(target.state_dict().items()):
-        h.update(name.encode())
-        h.update(p.detach().float().cpu().numpy().tobytes())
-    return h.hexdigest()[:16]
-
-
-class RowSampler:
-    """Batches of rows of a (N, T) pool, resumable by step (as BlockSampler)."""
-
-    def __init__(self, pool: torch.Tensor, batch_size: int, seed: int = 0):
-        self.pool, self.batch_size, self.seed = pool, batch_size, seed
-
-    def batch(self, step: int) -> torch.Tensor:
-        gen = torch.Generator().manual_seed(self.seed * 1_000_003 + step)
-        return self.pool[torch.randint(0, self.pool.shape[0], (self.batch_size,), generator=gen)].long()
-
-
-@torch.no_grad()
-def regenerate_pool(cfg, target, stream: torch.Tensor, eos_id: int, key: str, acc) -> torch.Tensor:
-    """(regen_blocks, seq_len): corpus prompts continued by the target (cached on disk)."""
-    path = os.path.join(cfg.cache_dir, f"eagle-regen-{key}.pt")
-    if os.path.exists(path):
-        return torch.load(path)
-    prompts = BlockSampler(stream, cfg.regen_prompt_len, cfg.regen_blocks, cfg.seed + 7919).batch(0)
-    new = cfg.seq_len - cfg.regen_prompt_len
-    if new < 1:
-        raise ValueError(f"regen_prompt_len ({cfg.regen_prompt_len}) must be shorter than seq_len ({cfg.seq_len})")
-    sample = dict(do_sample=True, temperature=cfg.regen_temperature, top_k=0, top_p=1.0) \
-        if cfg.regen_temperature > 0 else dict(do_sample=False)
-    rows = []
-    for i in tqdm(range(0, prompts.shape[0], 16), desc="regenerate", disable=not acc.is_local_main_process):
-        ids = prompts[i:i + 16].to(target.device)
-        out = target.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=new,
-                              min_new_tokens=new, pad_token_id=eos_id, **sample)
-        rows.append(out[:, :cfg.seq_len].cpu())
-    pool = torch.cat(rows).to(torch.int32)
-    os.makedirs(cfg.cache_dir, exist_ok=True)
-    torch.save(pool, path + ".tmp")
-    os.replace(path + ".tmp", path)
-    return pool
-
-
-class FeatureSource:
-    """Per-step (ids, draft input features, last hidden state) of the frozen target: computed under
-    no_grad, or with cache_features loaded from / stored to disk (fp16), batches cycled."""
-
-    def __init__(self, cfg, target, draft_config, sampler, key: str | None):
-        self.target, self.layers, self.sampler = target, draft_config.feature_layers, sampler
-        self.cycle = cfg.feature_cache_batches or cfg.max_steps * cfg.gradient_accumulation_steps
-        self.dir = os.path.join(cfg.cache_dir, f"eagle-feats-{key}") if key else None
-        if self.dir:
-            os.makedirs(self.dir, exist_ok=True)
-
-    @torch.no_grad()
-    def compute(self, ids: torch.Tensor):
-        out = self.target(input_ids=ids.to(self.target.device), output_hidden_states=True)
-        hs = out.hidden_states
-        feats = hs[self.layers[0]] if len(self.layers) == 1 else torch.cat([hs[i] for i in self.layers], -1)
-        return ids, feats.float(), hs[-1].float()
-
-    def get(self, step: int):
-        if not self.dir:
-            return self.compute(self.sampler.batch(step))
-        index = step % self.cycle
-        path = os.path.join(self.dir, f"{index}.pt")
-        if os.path.exists(path):
-            d = torch.load(path)
-            return d["ids"].long(), d["feats"].float(), d["last"].float()
-        ids, feats, last = self.compute(self.sampler.batch(index))
-        torch.save({"ids": ids.to(torch.int32).cpu(), "feats": feats.half().cpu(), "last": last.half().cpu()},
-                   path + ".tmp")
-        os.replace(path + ".tmp", path)
-        return ids, feats, last
 
 
 # --- the loss ---------------------------------------------------------------------------------------
@@ -201,7 +106,9 @@ class EagleLoss(nn.Module):
         self.ttt_steps, self.decay = cfg.ttt_steps, cfg.ttt_decay
         self.fw, self.tw, self.noise = cfg.feature_loss_weight, cfg.token_loss_weight, cfg.feature_noise
 
-    def forward(self, ids, feats, last, noise: bool = True) -> dict:
+    def forward(self, ids, feats, last, mask=None, noise: bool = True) -> dict:
+        """ids (B, T); feats (B, T, F) the draft's input features; last (B, T, H) the target's final hidden state;
+        mask (B, T) bool: position s's distribution is trained on (None: all)."""
         embed, head = self._frozen
         b, t = ids.shape
         n = t - 1
@@ -210,8 +117,9 @@ class EagleLoss(nn.Module):
             emb = embed(ids).float()
             tgt_logits = head(last[:, 1:].to(head.weight.dtype)).float()  # p at positions 1..T-1
             tgt_top = tgt_logits.argmax(-1)
+            keep = torch.ones_like(tgt_top, dtype=torch.float) if mask is None else mask[:, 1:].float()
             if vocab_ids is not None:  # p restricted to the draft vocabulary, where its top-1 lies in it
-                keep = self.draft.t2d[tgt_top].float()
+                keep = keep * self.draft.t2d[tgt_top].float()
                 tgt_logits = tgt_logits[..., vocab_ids]
             tgt_p = tgt_logits.softmax(-1)
         x = feats[:, :-1]
@@ -236,33 +144,41 @@ class EagleLoss(nn.Module):
                 logp = self.draft.draft_logits(hit, head).float().log_softmax(-1)
             else:
                 logp = head(hit.to(head.weight.dtype)).float().log_softmax(-1)
+            w_i = keep[:, i:]  # (B, valid): positions 1 + i .. T - 1
             ce = -(tgt_p[:, i:] * logp).sum(-1)
-            ce = ce.mean() if vocab_ids is None else (ce * keep[:, i:]).sum() / keep[:, i:].sum().clamp_min(1.0)
-            feat = F.smooth_l1_loss(hit.float(), last[:, 1 + i:].float())
+            ce = (ce * w_i).sum() / w_i.sum().clamp_min(1.0)
+            feat = F.smooth_l1_loss(hit.float(), last[:, 1 + i:].float(), reduction="none").mean(-1)
+            feat = (feat * w_i).sum() / w_i.sum().clamp_min(1.0)
             w = self.decay ** i
             total = total + w * (self.tw * ce + (self.fw * feat if self.fw else 0.0))
             with torch.no_grad():
                 top = logp.argmax(-1) if vocab_ids is None else vocab_ids[logp.argmax(-1)]
-                out[f"acc_{i}"] = (top == tgt_top[:, i:]).float().mean()
+                out[f"acc_{i}"] = ((top == tgt_top[:, i:]).float() * w_i).sum() / w_i.sum().clamp_min(1.0)
             out[f"token_loss_{i}"], out[f"feature_loss_{i}"] = ce.detach(), feat.detach()
             x = pred  # the next unrolled step reads the draft's own features
         out["loss"] = total
         return out
 
 
+def draft_inputs(batch, layers: list[int], num_layers: int) -> torch.Tensor:
+    """(B, T, F) the draft's input features: the target's hidden states at `layers`, concatenated."""
+    picked = [batch.hidden[i + num_layers + 1 if i < 0 else i] for i in layers]
+    return picked[0] if len(picked) == 1 else torch.cat(picked, -1)
+
+
 @torch.no_grad()
-def heldout_accuracy(loss_fn: EagleLoss, source: FeatureSource, stream: torch.Tensor, seq_len: int,
-                     blocks: int) -> dict:
-    """Draft top-1 agreement with the target (per unrolled step) over consecutive held-out blocks."""
+def heldout_accuracy(loss_fn: EagleLoss, data, blocks: int) -> dict:
+    """Draft top-1 agreement with the target (per unrolled step) over held-out rows."""
     was = loss_fn.training
     loss_fn.eval()
     sums: dict[str, float] = {}
     count = 0
-    for rows in heldout_batches(stream, seq_len, blocks, source.target.device):
-        res = loss_fn(*source.compute(rows), noise=False)
+    layers, num_layers = loss_fn.draft.config.feature_layers, data.target.config.num_hidden_layers
+    for b in data.heldout(blocks):
+        res = loss_fn(b.ids, draft_inputs(b, layers, num_layers), b.last, b.loss_mask, noise=False)
         for k, v in res.items():
-            sums[k] = sums.get(k, 0.0) + float(v) * rows.shape[0]
-        count += rows.shape[0]
+            sums[k] = sums.get(k, 0.0) + float(v) * b.ids.shape[0]
+        count += b.ids.shape[0]
     loss_fn.train(was)
     return {k: v / max(1, count) for k, v in sums.items()}
 
@@ -302,47 +218,39 @@ def main(argv=None):
         vocab = target.get_output_embeddings().weight.shape[0]
         if vocab < len(tokenizer):
             raise TrainError(f"tokenizer of {cfg.target} has {len(tokenizer)} tokens but the model only {vocab} outputs")
-        corpus, train_stream, heldout_stream = load_streams(cfg, tokenizer, acc)
-
         torch.manual_seed(cfg.seed)
+        feature_layers = list(cfg.feature_layers) or [-1]
+        data = target_data(cfg, target, tokenizer, acc, feature_layers, seed=loop.data_seed)
+        loop.tokens_per_row = data.tokens_per_epoch / data.rows.shape[0]
+        heldout_text = data.heldout_stream if data.heldout_stream is not None else data.heldout_rows[0].flatten()
         draft_ids = None
         if cfg.layout == "reference":
             n = cfg.draft_vocab_size
             if n == 0:
                 n = max(1, vocab // 4) if len(cfg.feature_layers) > 1 else vocab
-            if 0 < n < vocab:
-                draft_ids = frequent_tokens(train_stream, vocab, n)
+            if 0 < n < vocab:  # the most frequent tokens of what the draft trains on
+                draft_ids = frequent_tokens(data.rows.flatten(), vocab, n)
         draft = make_draft(target, cfg.feature_layers, cfg.layout, draft_ids, cfg.init_from_target)
         draft.config.target_name = target_path
         n_params = sum(p.numel() for p in draft.parameters())
         acc.print(f"EAGLE draft ({cfg.layout} layout): {n_params:,} parameters, features from hidden states "
                   f"{draft.config.feature_layers}, draft vocabulary {draft.config.draft_vocab_size or 'full'}, "
                   f"ttt_steps {cfg.ttt_steps}")
-
-        seed = loop.data_seed
-        tfp = target_fingerprint(target) if cfg.regenerate or cfg.cache_features else ""
-        if cfg.regenerate:
-            rkey = _digest(tfp, corpus.fingerprint, cfg.seq_len, cfg.regen_blocks, cfg.regen_prompt_len,
-                           cfg.regen_temperature, cfg.seed)
-            with acc.main_process_first():
-                pool = regenerate_pool(cfg, target, train_stream, tokenizer.eos_token_id, rkey, acc)
-            sampler, data_key = RowSampler(pool, cfg.batch_size, seed), rkey
-        else:
-            sampler, data_key = BlockSampler(train_stream, cfg.seq_len, cfg.batch_size, seed), corpus.fingerprint
-        cycle = cfg.feature_cache_batches or cfg.max_steps * cfg.gradient_accumulation_steps
-        fkey = _digest(tfp, data_key, cfg.seq_len, cfg.batch_size, seed, draft.config.feature_layers,
-                       cycle) if cfg.cache_features else None
-        source = FeatureSource(cfg, target, draft.config, sampler, fkey)
+        layers, num_layers = draft.config.feature_layers, target.config.num_hidden_layers
 
         (loss_fn,) = loop.prepare(EagleLoss(draft, target, cfg))
 
         def step_loss(i):
-            ids, feats, last = source.get(i)
-            res = loss_fn(ids.to(acc.device), feats.to(acc.device), last.to(acc.device))
+            b = data.batch(i)
+            res = loss_fn(b.ids, draft_inputs(b, layers, num_layers), b.last, b.loss_mask)
             return res.pop("loss"), res
 
         def evaluate():
-            return heldout_accuracy(loop.unwrap(loss_fn), source, heldout_stream, cfg.seq_len, cfg.eval_blocks)
+            model = loop.unwrap(loss_fn)
+            res = heldout_accuracy(model, data, cfg.eval_blocks)
+            res.update(measure_tau(target, model.draft, heldout_text, cfg.eval_tau_prompts, cfg.eval_new_tokens))
+            model.draft.float().train()
+            return res
 
         result = loop.run(step_loss, evaluate, desc="eagle", show=("acc_0",))
         history = result.history
@@ -353,10 +261,7 @@ def main(argv=None):
         if acc.is_main_process:
             out = loop.final_dir
             model.draft.save_pretrained(out)
-            decode = measure_tau(target, model.draft, heldout_stream, cfg.eval_tau_prompts, cfg.eval_new_tokens)
-            model.draft.float().train()
-            if decode:
-                loop.log({"heldout/tau": decode["tau"]}, step=cfg.max_steps)
+            decode = {k: final[k] for k in ("tau", "acceptance_by_depth", "mean_tree_size") if k in final}
             report = {
                 "heldout_top1": final.get("acc_0"),
                 "heldout_top1_by_step": [final[f"acc_{i}"] for i in range(cfg.ttt_steps) if f"acc_{i}" in final],
@@ -366,8 +271,9 @@ def main(argv=None):
                 "first_train": history[0] if history else None, "last_train": history[-1] if history else None,
                 "feature_layers": model.draft.config.feature_layers, "ttt_steps": cfg.ttt_steps,
                 "layout": cfg.layout, "draft_vocab_size": model.draft.config.draft_vocab_size or None,
-                "target": target_path, "corpus": corpus.source, "corpus_fingerprint": corpus.fingerprint,
-                "regenerated": cfg.regenerate, "output": out,
+                "target": target_path, "corpus": data.corpus.source, "corpus_fingerprint": data.corpus.fingerprint,
+                "regenerated": cfg.regenerate, "data_mode": cfg.data_mode, "trained_tokens_per_epoch": data.tokens_per_epoch,
+                "tokens_seen": loop.tokens_seen(cfg.max_steps), "scaling": loop.heldout_history(), "output": out,
             }
             loop.write_report(report)
     return {**report, "history": history}

@@ -17,6 +17,9 @@ A recipe script builds its models and says what a step computes; the loop does t
   newest checkpoint_total_limit kept) every checkpoint_every steps and always at the last step, each closed by
   a trainer_state.json (step, parameter shapes) written last: a folder without it is an interrupted save.
   Started again, a run resumes from the newest complete one; with a larger max_steps a finished run goes on.
+- Every held-out evaluation is also appended to output_dir/heldout_history.jsonl with its step and the tokens
+  trained on so far (`tokens_per_row` x rows seen; a recipe sets loop.tokens_per_row to the trained tokens of its
+  rows): the scaling curve of the run, kept across resumes.
 - W&B through accelerate's trackers, offline unless WANDB_MODE says otherwise, under output_dir/wandb; the
   run id is kept in output_dir/wandb_run_id, so a resumed run logs to the same W&B run.
 """
@@ -107,6 +110,7 @@ class Loop:
         self.data_seed = cfg.seed + self.acc.process_index
         self.start_step = 0
         self.models: tuple = ()
+        self.tokens_per_row = float(getattr(cfg, "seq_len", 0))  # trained tokens per row (recipes refine it)
 
     def __enter__(self):
         return self
@@ -219,7 +223,7 @@ class Loop:
             history.append(metrics)
             logged = {f"train/{k}": v for k, v in metrics.items()}
             if evaluate and (step + 1) % cfg.eval_every == 0 and step + 1 < cfg.max_steps:
-                logged.update(self._evaluate(evaluate)[1])
+                logged.update(self._evaluate(evaluate, step + 1)[1])
             acc.log(logged, step=step + 1)
             bar.set_postfix({k: f"{metrics[k]:.3f}" for k in ("loss", *show) if k in metrics})
             if (step + 1) % cfg.checkpoint_every == 0 or step + 1 == cfg.max_steps:
@@ -227,15 +231,37 @@ class Loop:
             if step + 1 == cfg.stop_at_step and step + 1 < cfg.max_steps:
                 return RunResult(self.start_step, step + 1, history, {}, True, time.perf_counter() - t0)
         seconds = time.perf_counter() - t0
-        final, logged = self._evaluate(evaluate) if evaluate else ({}, {})
+        final, logged = self._evaluate(evaluate, cfg.max_steps) if evaluate else ({}, {})
         if logged:
             acc.log(logged, step=cfg.max_steps)
         return RunResult(self.start_step, cfg.max_steps, history, final, False, seconds)
 
-    def _evaluate(self, evaluate) -> tuple[dict, dict]:
+    def tokens_seen(self, step: int) -> int:
+        cfg = self.cfg
+        rows = step * getattr(cfg, "batch_size", 1) * cfg.gradient_accumulation_steps * self.acc.num_processes
+        return int(rows * self.tokens_per_row)
+
+    def _evaluate(self, evaluate, step: int) -> tuple[dict, dict]:
         with torch.no_grad(), self.acc.autocast():
             res = evaluate()
-        return res, {f"heldout/{k}": v for k, v in res.items() if isinstance(v, (int, float))}
+        scalars = {k: v for k, v in res.items() if isinstance(v, (int, float))}
+        if self.acc.is_main_process:
+            with open(os.path.join(self.cfg.output_dir, "heldout_history.jsonl"), "a") as fh:
+                fh.write(json.dumps({"step": step, "tokens_seen": self.tokens_seen(step), **scalars}) + "\n")
+        return res, {f"heldout/{k}": v for k, v in scalars.items()} | {"heldout/tokens_seen": self.tokens_seen(step)}
+
+    def heldout_history(self) -> list[dict]:
+        """The run's evaluations, one per step (a resumed run's repeats replaced by the newest)."""
+        path = os.path.join(self.cfg.output_dir, "heldout_history.jsonl")
+        if not os.path.exists(path):
+            return []
+        rows = {}
+        with open(path) as fh:
+            for line in fh:
+                if line.strip():
+                    row = json.loads(line)
+                    rows[row["step"]] = row
+        return [rows[k] for k in sorted(rows)]
 
     def save(self, step: int) -> None:
         """A checkpoint of everything prepared (accelerate's save_state), closed by its trainer_state.json."""

@@ -11,8 +11,10 @@ t + k + 2 (head 0: the token after the next one, which the LM head itself gives)
   loss = target_weight * (KL(original || fine-tuned) or LM loss) + sum_k head_decay^k * head_weight * CE_k,
   heads at head_lr_multiplier x the learning rate. Initialise the heads from a Medusa-1 run (init_heads).
 
-self_distill: part of every batch (distill_fraction) comes from text the target itself
-generated from windows of the train split (generated once, cached in output_dir).
+Data: the one data path of every drafter recipe (train/targetdata.py): with `regenerate`, text the target
+itself wrote (self-distillation, as Medusa's paper recommends when the data differs from the model's own
+outputs); Medusa-1 reads the target's stored final hidden state (data_mode cached: no target forward per step),
+Medusa-2 runs the target it fine-tunes (data_mode online).
 
 At the end, per-head top-k accuracies (k <= eval_top_k) are measured on held-out blocks, the
 tree of head choices is built from them (tree_size nodes) and everything is written to
@@ -23,27 +25,24 @@ writes its LoRA adapter there. The target defaults to the shipped one (zoo/targe
 from __future__ import annotations
 
 import json
-import math
 import os
 import sys
-import time
 from dataclasses import asdict, dataclass
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
-from tqdm import tqdm  # noqa: E402
-from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache  # noqa: E402
+from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
 
 from draftkit.drafters.medusa import MedusaHeads, build_tree_choices, expected_accepted, save_medusa  # noqa: E402
-from draftkit.train.config import TrainConfig, TrainError, field, parse_config, resolve_model, shared  # noqa: E402
-from draftkit.train.data import BlockSampler, heldout_batches, load_streams  # noqa: E402
+from draftkit.train.config import TrainError, field, parse_config, resolve_model, shared  # noqa: E402
 from draftkit.train.loop import Loop, cli  # noqa: E402
+from draftkit.train.targetdata import TargetDataConfig, target_data  # noqa: E402
 
 
 @dataclass
-class MedusaConfig(TrainConfig):
+class MedusaConfig(TargetDataConfig):
     target: str = field("default", "the target model: a folder, a hub id, or default (the shipped target)")
     tokenizer_dir: str = field("", "tokenizer (empty: the target's folder)")
     mode: str = field("medusa1", "medusa1 (frozen target) or medusa2 (joint LoRA fine-tune of the target)")
@@ -62,13 +61,6 @@ class MedusaConfig(TrainConfig):
     kl_weight: float = field(1.0, "medusa2: weight of the target's own loss (KL or LM)")
     head_weight: float = field(0.2, "medusa2: weight of the head losses")
     head_decay: float = field(0.8, "medusa2: head k's loss is scaled by head_decay ** k")
-    self_distill: bool = field(False, "train on text the target generated from train-split windows")
-    distill_fraction: float = field(1.0, "share of each batch's rows taken from the self-distilled text")
-    distill_tokens: int = field(65536, "self-distilled tokens to generate (prompt windows excluded)")
-    distill_prompt_len: int = field(64, "train-split window each generation starts from")
-    distill_gen_len: int = field(192, "tokens generated per window")
-    distill_temperature: float = field(0.0, "0: greedy generation, else sampling temperature")
-    distill_batch: int = field(32, "windows generated together")
     eval_top_k: int = field(10, "top-k accuracies measured per head (the tree's widest rank)")
     tree_size: int = field(32, "nodes in the Medusa tree built from the held-out accuracies")
     output_dir: str = shared("output_dir", "runs/medusa1")
@@ -85,27 +77,33 @@ class MedusaConfig(TrainConfig):
             raise TrainError(f"target_loss must be 'kl' or 'lm', got {self.target_loss!r}")
         if self.seq_len < self.num_heads + 3:
             raise TrainError(f"seq_len {self.seq_len} is too short for {self.num_heads} heads")
-        if not 0.0 <= self.distill_fraction <= 1.0:
-            raise TrainError(f"distill_fraction must be in [0, 1], got {self.distill_fraction}")
+        if self.mode == "medusa2" and self.data_mode == "cached":
+            raise TrainError("medusa2 fine-tunes the target, so its outputs cannot be stored ahead: use --data_mode online")
 
 
 # ----------------------------------------------------------------------------- losses and metrics
 
 
-def head_outputs(heads, hidden: torch.Tensor, tokens: torch.Tensor):
-    """Per head k: (logits (N, V), labels (N,)) pairing h_t with x_{t+k+2}. hidden (B, T, H), tokens (B, T)."""
+def head_outputs(heads, hidden: torch.Tensor, tokens: torch.Tensor, mask: torch.Tensor | None = None):
+    """Per head k: (logits (N, V), labels (N,)) pairing h_t with x_{t+k+2} where that token is trained on.
+    hidden (B, T, H), tokens (B, T), mask (B, T) bool: token t + 1 is trained on (None: all)."""
     logits = heads(hidden)  # (K, B, T, V): one call, so a DDP-wrapped module syncs its gradients
     out = []
     for k in range(logits.shape[0]):
         n = tokens.shape[1] - k - 2
-        out.append((logits[k, :, :n].reshape(-1, logits.shape[-1]), tokens[:, k + 2:].reshape(-1)))
+        lk, yk = logits[k, :, :n], tokens[:, k + 2:]
+        if mask is not None:
+            keep = mask[:, k + 1:k + 1 + n]  # x_{t+k+2} is trained on
+            out.append((lk[keep], yk[keep]))
+        else:
+            out.append((lk.reshape(-1, logits.shape[-1]), yk.reshape(-1)))
     return out
 
 
-def head_losses(heads, hidden, tokens, top: int = 5):
+def head_losses(heads, hidden, tokens, mask=None, top: int = 5):
     """(losses per head, {metric: value}) with top-1 / top-`top` accuracy per head."""
     losses, metrics = [], {}
-    for k, (logits, labels) in enumerate(head_outputs(heads, hidden, tokens)):
+    for k, (logits, labels) in enumerate(head_outputs(heads, hidden, tokens, mask)):
         loss = F.cross_entropy(logits.float(), labels)
         losses.append(loss)
         with torch.no_grad():
@@ -123,7 +121,7 @@ def kl_to_reference(logits: torch.Tensor, ref_logits: torch.Tensor) -> torch.Ten
 
 
 @torch.no_grad()
-def evaluate_heads(target, heads, stream: torch.Tensor, seq_len: int, blocks: int, top_k: int = 10) -> dict:
+def evaluate_heads(target, heads, data, blocks: int, top_k: int = 10) -> dict:
     """Held-out head losses, per-rank and cumulative top-k accuracies, and the target's LM loss.
 
     per_rank[k][r]: share of positions where the right token is head k's rank-r guess.
@@ -137,7 +135,7 @@ def evaluate_heads(target, heads, stream: torch.Tensor, seq_len: int, blocks: in
     counts = torch.zeros(K)
     loss_sum = torch.zeros(K)
     lm_sum, lm_n, n = 0.0, 0, 0
-    for batch in heldout_batches(stream, seq_len, blocks, device):
+    for batch, _ in data.heldout_tokens(blocks):
         out = target(input_ids=batch, output_hidden_states=True)
         hidden = out.hidden_states[-1]
         lm = F.cross_entropy(out.logits[:, :-1].reshape(-1, out.logits.shape[-1]).float(), batch[:, 1:].reshape(-1),
@@ -162,72 +160,6 @@ def eval_metrics(res: dict) -> dict:
         m[f"head{k}_top1"] = res["topk"][k][0]
         m[f"head{k}_top5"] = res["topk"][k][min(4, len(res["topk"][k]) - 1)]
     return m
-
-
-# ----------------------------------------------------------------------------- data
-
-
-@torch.no_grad()
-def generate_batch(model, prompts: torch.Tensor, new_tokens: int, temperature: float = 0.0,
-                   gen: torch.Generator | None = None) -> torch.Tensor:
-    """(B, P) prompts -> (B, P + new_tokens), greedy or sampled, with a KV cache; EOS does not stop it."""
-    cache = DynamicCache(config=model.config)
-    logits = model(input_ids=prompts, cache=cache, use_cache=True, logits_to_keep=1).logits[:, -1]
-    out = [prompts]
-    for i in range(new_tokens):
-        if temperature > 0:
-            probs = (logits.float() / temperature).softmax(-1)
-            nxt = torch.multinomial(probs.cpu(), 1, generator=gen).to(prompts.device)
-        else:
-            nxt = logits.argmax(-1, keepdim=True)
-        out.append(nxt)
-        if i + 1 < new_tokens:
-            logits = model(input_ids=nxt, cache=cache, use_cache=True).logits[:, -1]
-    return torch.cat(out, 1)
-
-
-def distill_stream(cfg, acc, target, train_stream: torch.Tensor) -> torch.Tensor:
-    """Text the target generated from random train-split windows, as one stream (cached in output_dir)."""
-    name = (f"distill-{cfg.distill_tokens}-{cfg.distill_prompt_len}-{cfg.distill_gen_len}-"
-            f"{cfg.distill_temperature:g}-{cfg.seed}.pt")
-    path = os.path.join(cfg.output_dir, name)
-    with acc.main_process_first():
-        if os.path.exists(path):
-            return torch.load(path)
-        rows = math.ceil(cfg.distill_tokens / cfg.distill_gen_len)
-        gen = torch.Generator().manual_seed(cfg.seed + 12345)
-        starts = torch.randint(0, train_stream.numel() - cfg.distill_prompt_len, (rows,), generator=gen).tolist()
-        device = next(target.parameters()).device
-        chunks = []
-        t0 = time.perf_counter()
-        for i in tqdm(range(0, rows, cfg.distill_batch), desc="self-distill", disable=not acc.is_local_main_process):
-            prompts = torch.stack([train_stream[s: s + cfg.distill_prompt_len] for s in starts[i:i + cfg.distill_batch]])
-            chunks.append(generate_batch(target, prompts.long().to(device), cfg.distill_gen_len,
-                                         cfg.distill_temperature, gen).cpu())
-        stream = torch.cat(chunks).flatten().to(torch.int32)
-        if acc.is_main_process:
-            os.makedirs(cfg.output_dir, exist_ok=True)
-            torch.save(stream, path + ".tmp")
-            os.replace(path + ".tmp", path)
-        acc.print(f"self-distilled {rows * cfg.distill_gen_len:,} tokens in {time.perf_counter() - t0:.0f}s -> {path}")
-        return stream
-
-
-class MixedSampler:
-    """Rows from the corpus and from the self-distilled stream, both resumable by step."""
-
-    def __init__(self, corpus_stream, distilled, cfg, seed: int):
-        n_d = 0 if distilled is None else max(1, round(cfg.batch_size * cfg.distill_fraction)) \
-            if cfg.distill_fraction > 0 else 0
-        n_c = cfg.batch_size - n_d
-        self.samplers = []
-        if n_c:
-            self.samplers.append(BlockSampler(corpus_stream, cfg.seq_len, n_c, seed))
-        if n_d:
-            self.samplers.append(BlockSampler(distilled, cfg.seq_len, n_d, seed + 7919))
-
-    def batch(self, step: int) -> torch.Tensor:
-        return torch.cat([s.batch(step) for s in self.samplers])
 
 
 # ----------------------------------------------------------------------------- models
@@ -285,9 +217,9 @@ def main(argv=None):
         vocab = target.get_output_embeddings().weight.shape[0]
         if len(tokenizer) > vocab:
             raise TrainError(f"tokenizer has {len(tokenizer)} tokens but target {cfg.target} only {vocab} outputs")
-        corpus, train_stream, heldout_stream = load_streams(cfg, tokenizer, acc)
         target.requires_grad_(False).eval()
-        distilled = distill_stream(cfg, acc, target, train_stream) if cfg.self_distill else None
+        data = target_data(cfg, target, tokenizer, acc, seed=loop.data_seed)  # the final hidden state
+        loop.tokens_per_row = data.tokens_per_epoch / data.rows.shape[0]
         heads = make_heads(cfg, target)
         if medusa2:
             target = add_lora(cfg, target)
@@ -298,11 +230,10 @@ def main(argv=None):
         else:
             (heads,) = loop.prepare(heads)
         n_trainable = count_trainable(heads, target)
-        sampler = MixedSampler(train_stream, distilled, cfg, loop.data_seed)
         plain = loop.unwrap(target)
 
         def evaluate(top_k=cfg.eval_top_k):
-            res = evaluate_heads(plain, loop.unwrap(heads), heldout_stream, cfg.seq_len, cfg.eval_blocks, top_k)
+            res = evaluate_heads(plain, loop.unwrap(heads), data, cfg.eval_blocks, top_k)
             return {**eval_metrics(res), "result": res}
 
         initial = None
@@ -312,9 +243,9 @@ def main(argv=None):
             acc.print(f"before training: held-out head losses {[round(x, 3) for x in initial['head_loss']]}")
 
         def step_loss(i):
-            batch = sampler.batch(i).to(acc.device)
             metrics = {}
             if medusa2:
+                batch, mask = data.tokens(i)
                 out = target(input_ids=batch, output_hidden_states=True)
                 if cfg.target_loss == "kl":
                     with torch.no_grad(), plain.disable_adapter():
@@ -322,15 +253,14 @@ def main(argv=None):
                     own = kl_to_reference(out.logits, reference)
                 else:
                     own = F.cross_entropy(out.logits[:, :-1].reshape(-1, vocab).float(), batch[:, 1:].reshape(-1))
-                losses, hm = head_losses(heads, out.hidden_states[-1], batch)
+                losses, hm = head_losses(heads, out.hidden_states[-1], batch, mask)
                 head_total = sum(cfg.head_decay ** k * cfg.head_weight * l for k, l in enumerate(losses))
                 metrics[f"target_{cfg.target_loss}"] = own.detach()
                 metrics["head_loss_weighted"] = head_total.detach()
                 loss = cfg.kl_weight * own + head_total
             else:
-                with torch.no_grad():
-                    hidden = target(input_ids=batch, output_hidden_states=True).hidden_states[-1]
-                losses, hm = head_losses(heads, hidden, batch)
+                b = data.batch(i)  # the stored final hidden state: no target forward
+                losses, hm = head_losses(heads, b.last, b.ids, b.loss_mask)
                 loss = sum(losses)
             return loss, {**metrics, **hm, "head_loss": sum(l.item() for l in losses)}
 
@@ -351,13 +281,15 @@ def main(argv=None):
             "initial_heldout_head_loss": initial["head_loss"] if initial else None,
             "heldout_target_loss": res["target_loss"],
             "tree_size": len(choices), "expected_accepted": expected_accepted(choices, res["per_rank"]),
-            "heldout_blocks": res["blocks"], "corpus": corpus.source, "corpus_fingerprint": corpus.fingerprint,
-            "target": target_path, "self_distill": cfg.self_distill,
+            "heldout_blocks": res["blocks"], "corpus": data.corpus.source,
+            "corpus_fingerprint": data.corpus.fingerprint, "target": target_path, "regenerated": cfg.regenerate,
+            "data_mode": cfg.data_mode, "tokens_seen": loop.tokens_seen(cfg.max_steps),
+            "scaling": loop.heldout_history(),
         }
         if medusa2:
             with plain.disable_adapter():
                 report["heldout_target_loss_original"] = evaluate_heads(
-                    plain, heads_final, heldout_stream, cfg.seq_len, cfg.eval_blocks, 1)["target_loss"]
+                    plain, heads_final, data, cfg.eval_blocks, 1)["target_loss"]
         out_dir = loop.final_dir
         if acc.is_main_process:
             base = plain.get_base_model() if medusa2 else plain
@@ -377,7 +309,7 @@ def main(argv=None):
     return {**report, "history": result.history}
 
 
-__all__ = ["MedusaConfig", "main", "evaluate_heads", "head_losses", "head_outputs", "kl_to_reference", "generate_batch"]
+__all__ = ["MedusaConfig", "main", "evaluate_heads", "head_losses", "head_outputs", "kl_to_reference"]
 
 if __name__ == "__main__":
     cli(main)

@@ -1,0 +1,382 @@
+"""The one data path of every drafter recipe: rows of text, optionally continued by the target, and the frozen
+target's outputs that a drafter trains on, computed once and stored.
+
+    data = target_data(cfg, target, tokenizer, acc, layers=[2, 12, 21])
+    b = data.batch(step)     # b.ids (B, T) long, b.loss_mask (B, T) bool, b.hidden {layer: (B, T, H)}, b.last (B, T, H)
+    for b in data.heldout(blocks): ...
+
+Rows (N, T = seq_len), in one of two shapes:
+- text: windows of the tokenized corpus (train/data.py). With `regenerate`, each window keeps its first
+  regen_prompt_len tokens and the target writes the rest (greedy or sampled; temperatures alternate by shard),
+  stopping at EOS: what the draft must predict at decoding time is the target's own text, not the corpus's.
+- conversations (`messages_column`): each row a conversation rendered with the target's chat template, the loss
+  on the assistant's tokens only. With `regenerate`, every assistant turn is rewritten by the target, in order,
+  given the conversation so far (SpecForge's regenerate_train_data, vllm-project/speculators' prepare step).
+
+loss_mask[t] is True where token t + 1 is trained on (a generated or assistant token): the position whose
+target distribution (lm_head(last[t])) a drafter learns. Rows are written in shards of shard_rows rows under
+cache_dir/rows-<key>/, each shard on its own (a killed run redoes at most one shard).
+
+Target outputs: hidden_states[i] of each layer a recipe reads (0 = embeddings, L or -1 = the last, after the
+final norm) and the last one. data_mode "cached" computes them once per shard and stores them (fp16, one file per
+layer and shard under cache_dir/feats-<key>/, so recipes reading different layers share what they have in
+common); every later epoch reads them instead of running the target. "online" runs the target on every batch
+(no disk; the only choice when the target itself trains, Medusa-2).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass
+
+import torch
+from tqdm import tqdm
+
+from draftkit.train.config import TrainConfig, TrainError, field
+from draftkit.train.data import BlockSampler, heldout_batches, load_streams
+
+DATA_MODES = ("cached", "online")
+
+
+@dataclass
+class TargetDataConfig(TrainConfig):
+    """Where a drafter's training rows come from and how the target's outputs reach it."""
+
+    messages_column: str = field("", "a column of chat conversations (lists of {role, content}) rendered with the "
+                                     "target's chat template, loss on assistant tokens only (empty: plain text "
+                                     "from `corpus`)")
+    regenerate: bool = field(False, "train on text the target wrote: the continuation of each corpus window, or "
+                                    "every assistant turn of a conversation")
+    train_rows: int = field(4096, "rows (seq_len tokens each) of training data taken from the corpus or conversations "
+                                  "(rounded up to whole shards; raising it later keeps the shards already made)")
+    regen_prompt_len: int = field(64, "text: corpus tokens that start each regenerated row")
+    regen_temperatures: list[float] = field([0.0, 0.8], "sampling temperatures of the regeneration, alternating "
+                                                        "by shard (0: greedy)")
+    shard_rows: int = field(128, "rows generated (and stored) together: one shard")
+    data_seed: int = field(0, "seed of the corpus windows and of the regeneration's draws (rows are shared by every "
+                               "recipe with the same data settings and target)")
+    data_mode: str = field("cached", "cached: the target's outputs computed once, stored fp16 and reused every "
+                                     "epoch; online: computed for every batch (no disk)")
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.data_mode not in DATA_MODES:
+            raise TrainError(f"data_mode must be one of {', '.join(DATA_MODES)}, got {self.data_mode!r}")
+        if self.train_rows < 1 or self.shard_rows < 1:
+            raise TrainError("train_rows and shard_rows must be >= 1")
+        if self.regenerate and not self.messages_column and not 0 < self.regen_prompt_len < self.seq_len:
+            raise TrainError(f"regen_prompt_len ({self.regen_prompt_len}) must lie in (0, seq_len={self.seq_len})")
+        if any(t < 0 for t in self.regen_temperatures) or not self.regen_temperatures:
+            raise TrainError(f"regen_temperatures must be >= 0 and not empty, got {self.regen_temperatures}")
+
+
+@dataclass
+class TargetBatch:
+    ids: torch.Tensor  # (B, T) long
+    loss_mask: torch.Tensor  # (B, T) bool: token t + 1 is trained on
+    hidden: dict  # layer -> (B, T, H) float
+    last: torch.Tensor  # (B, T, H) float: the target's final hidden state, logits = lm_head(last)
+
+
+def digest(*parts) -> str:
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def target_fingerprint(target) -> str:
+    """A hash of the target's weights and config (keys the row and feature caches)."""
+    h = hashlib.sha256(json.dumps(target.config.to_dict(), sort_keys=True, default=str).encode())
+    for name, p in sorted(target.state_dict().items()):
+        h.update(name.encode())
+        h.update(p.detach().float().cpu().numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+def _save(obj, path: str) -> None:
+    torch.save(obj, path + ".tmp")
+    os.replace(path + ".tmp", path)  # a killed write never leaves a shard that looks complete
+
+
+# --- rows ---------------------------------------------------------------------------------------------
+
+def render_conversation(tokenizer, messages: list[dict], seq_len: int) -> tuple[list[int], list[bool]]:
+    """(token ids, is-assistant per token) of one conversation under the tokenizer's chat template, cut to seq_len.
+
+    Assistant spans are found by rendering the conversation up to each assistant turn (with the generation
+    prompt) and through it: a template whose renderings are not prefixes of each other is refused."""
+    if not getattr(tokenizer, "chat_template", None):
+        raise TrainError("messages_column needs a tokenizer with a chat template (tokenizer.chat_template is empty)")
+    full = tokenizer.apply_chat_template(messages, tokenize=False)
+    spans = []
+    for i, m in enumerate(messages):
+        if m.get("role") != "assistant":
+            continue
+        start = len(tokenizer.apply_chat_template(messages[:i], tokenize=False, add_generation_prompt=True))
+        end = len(tokenizer.apply_chat_template(messages[:i + 1], tokenize=False))
+        if not full.startswith(tokenizer.apply_chat_template(messages[:i + 1], tokenize=False)) or start > end:
+            raise TrainError("the chat template's renderings of a conversation's prefixes are not prefixes of the "
+                             "whole: assistant tokens cannot be located")
+        spans.append((start, end))
+    enc = tokenizer(full, add_special_tokens=False, return_offsets_mapping=True)
+    ids, offsets = enc["input_ids"][:seq_len], enc["offset_mapping"][:seq_len]
+    assistant = [any(s <= a < e for s, e in spans) for a, _ in offsets]
+    return ids, assistant
+
+
+def _pad_row(ids: list[int], trained: list[bool], seq_len: int, pad: int) -> tuple[list[int], list[bool]]:
+    """One (T,) row and its loss mask: mask[t] = token t + 1 is trained on; padding is never trained."""
+    n = len(ids)
+    ids = ids + [pad] * (seq_len - n)
+    mask = [bool(trained[t + 1]) for t in range(n - 1)] + [False] * (seq_len - n + 1)
+    return ids, mask
+
+
+@torch.no_grad()
+def continue_text(target, prompts: torch.Tensor, new: int, temperature: float, eos: int, seed: int) -> torch.Tensor:
+    """(B, P) prompts -> (B, P + new) with the target's continuation; rows that emitted EOS are padded with EOS."""
+    torch.manual_seed(seed)  # generate's sampling draws from the global generator
+    sample = dict(do_sample=True, temperature=temperature, top_k=0, top_p=1.0) if temperature > 0 else dict(do_sample=False)
+    out = target.generate(input_ids=prompts, attention_mask=torch.ones_like(prompts), max_new_tokens=new,
+                          pad_token_id=eos, eos_token_id=eos, **sample)
+    if out.shape[1] < prompts.shape[1] + new:  # every row stopped early
+        out = torch.cat([out, out.new_full((out.shape[0], prompts.shape[1] + new - out.shape[1]), eos)], 1)
+    return out
+
+
+def _text_mask(rows: torch.Tensor, prompt_len: int, eos: int) -> torch.Tensor:
+    """(B, T) loss mask of regenerated text rows: generated tokens up to and including the first EOS."""
+    gen = rows[:, prompt_len:]
+    after_eos = (gen == eos).int().cumsum(1) - (gen == eos).int() > 0  # strictly after the first EOS
+    trained = torch.zeros_like(rows, dtype=torch.bool)
+    trained[:, prompt_len:] = ~after_eos
+    mask = torch.zeros_like(trained)
+    mask[:, :-1] = trained[:, 1:]
+    return mask
+
+
+@torch.no_grad()
+def regenerate_conversations(target, tokenizer, convs: list[list[dict]], seq_len: int, temperature: float,
+                             seed: int) -> list[list[dict]]:
+    """Every assistant turn rewritten by the target, in order, given the conversation so far (batched per turn)."""
+    convs = [[dict(m) for m in c] for c in convs]
+    eos = tokenizer.eos_token_id
+    side, tokenizer.padding_side = tokenizer.padding_side, "left"
+    try:
+        turn = 0
+        while True:
+            todo = [(c, [i for i, m in enumerate(c) if m.get("role") == "assistant"]) for c in convs]
+            todo = [(c, idx[turn]) for c, idx in todo if len(idx) > turn]
+            if not todo:
+                return convs
+            texts = [tokenizer.apply_chat_template(c[:i], tokenize=False, add_generation_prompt=True) for c, i in todo]
+            enc = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False).to(target.device)
+            room = max(1, seq_len - int(enc["attention_mask"].sum(1).min()))
+            torch.manual_seed(seed + turn)
+            sample = dict(do_sample=True, temperature=temperature, top_k=0, top_p=1.0) if temperature > 0 \
+                else dict(do_sample=False)
+            out = target.generate(**enc, max_new_tokens=room, pad_token_id=eos, eos_token_id=eos, **sample)
+            for (c, i), row in zip(todo, out[:, enc["input_ids"].shape[1]:].tolist()):
+                c[i]["content"] = tokenizer.decode(row[:row.index(eos)] if eos in row else row, skip_special_tokens=True)
+            turn += 1
+    finally:
+        tokenizer.padding_side = side
+
+
+class RowStore:
+    """The training rows, written shard by shard (resumable, with progress) and read back as (N, T) tensors."""
+
+    def __init__(self, cfg, target, tokenizer, train_stream: torch.Tensor, conversations, key: str, acc):
+        self.cfg, self.target, self.tokenizer, self.acc = cfg, target, tokenizer, acc
+        self.stream, self.conversations = train_stream, conversations
+        self.dir = os.path.join(cfg.cache_dir, f"rows-{key}") if cfg.cache_dir else None  # None: kept in memory
+        self.shards = (cfg.train_rows + cfg.shard_rows - 1) // cfg.shard_rows
+
+    def shard_path(self, i: int) -> str:
+        return os.path.join(self.dir, f"{i:05d}.pt")
+
+    def build(self) -> tuple[torch.Tensor, torch.Tensor]:
+        what = "regenerate" if self.cfg.regenerate else "rows"
+        bar = dict(desc=what, disable=not self.acc.is_local_main_process)
+        if self.dir is None:
+            parts = [self.make_shard(i) for i in tqdm(range(self.shards), **bar)]
+            return torch.cat([p["ids"] for p in parts]), torch.cat([p["mask"] for p in parts])
+        os.makedirs(self.dir, exist_ok=True)
+        todo = [i for i in range(self.shards) if not os.path.exists(self.shard_path(i))]
+        for i in tqdm(todo, **{**bar, "desc": f"{what} ({len(todo)}/{self.shards} shards)"}):
+            _save(self.make_shard(i), self.shard_path(i))
+        parts = [torch.load(self.shard_path(i)) for i in range(self.shards)]
+        return torch.cat([p["ids"] for p in parts]), torch.cat([p["mask"] for p in parts])
+
+    def _count(self, i: int) -> int:
+        return self.cfg.shard_rows  # whole shards only: shard i never depends on train_rows
+
+    def make_shard(self, i: int) -> dict:
+        cfg, eos = self.cfg, self.tokenizer.eos_token_id
+        temperature = cfg.regen_temperatures[i % len(cfg.regen_temperatures)]
+        seed = cfg.data_seed * 1_000_003 + i
+        if self.conversations is not None:
+            first = i * cfg.shard_rows
+            convs = [self.conversations[(first + j) % len(self.conversations)] for j in range(self._count(i))]
+            if cfg.regenerate:
+                convs = regenerate_conversations(self.target, self.tokenizer, convs, cfg.seq_len, temperature, seed)
+            ids, mask = conversation_rows(self.tokenizer, convs, cfg.seq_len)
+            return {"ids": ids, "mask": mask}
+        block = BlockSampler(self.stream, cfg.seq_len, self._count(i), cfg.data_seed + 7919).batch(i)  # (b, T)
+        if not cfg.regenerate:
+            mask = torch.ones_like(block, dtype=torch.bool)
+            mask[:, -1] = False
+            return {"ids": block.to(torch.int32), "mask": mask}
+        prompts = block[:, :cfg.regen_prompt_len].to(self.target.device)
+        rows = continue_text(self.target, prompts, cfg.seq_len - cfg.regen_prompt_len, temperature, eos, seed).cpu()
+        return {"ids": rows.to(torch.int32), "mask": _text_mask(rows, cfg.regen_prompt_len, eos)}
+
+
+# --- target outputs ------------------------------------------------------------------------------------
+
+def normalize_layers(layers, num_layers: int) -> list[int]:
+    """hidden_states indices in [0, L], sorted, with the last (L, after the final norm) always listed last."""
+    out = set()
+    for i in layers:
+        j = i + num_layers + 1 if i < 0 else i
+        if not 0 <= j <= num_layers:
+            raise TrainError(f"hidden state index {i} is outside 0..{num_layers} (or -{num_layers + 1}..-1)")
+        out.add(j)
+    return sorted(out - {num_layers}) + [num_layers]
+
+
+@torch.no_grad()
+def target_outputs(target, ids: torch.Tensor, layers: list[int], chunk: int = 16) -> dict[int, torch.Tensor]:
+    """{layer: (B, T, H) float32} of one target forward per chunk of rows."""
+    outs: dict[int, list[torch.Tensor]] = {i: [] for i in layers}
+    for r in range(0, ids.shape[0], chunk):
+        hs = target(input_ids=ids[r:r + chunk].to(target.device), output_hidden_states=True).hidden_states
+        for i in layers:
+            outs[i].append(hs[i].float())
+    return {i: torch.cat(v) for i, v in outs.items()}
+
+
+class TargetData:
+    """Batches of rows with the target's outputs; epochs over the rows in a seeded order, resumable by step."""
+
+    def __init__(self, cfg, target, rows: torch.Tensor, mask: torch.Tensor, layers: list[int], heldout,
+                 feature_dir: str | None, acc, seed: int):
+        """heldout: a token stream (text: blocks of it) or (ids, mask) rows (conversations)."""
+        self.cfg, self.target, self.rows, self.mask, self.layers = cfg, target, rows, mask, layers
+        self.heldout_stream = heldout if isinstance(heldout, torch.Tensor) else None
+        self.heldout_rows = None if isinstance(heldout, torch.Tensor) else heldout
+        self.acc, self.seed = acc, seed
+        self.last_layer = layers[-1]
+        self.features = None
+        if cfg.data_mode == "cached":  # stored under feature_dir, or (no cache_dir) kept in memory only
+            self.features = self._load_features(feature_dir) if feature_dir else self._compute_features()
+
+    @property
+    def tokens_per_epoch(self) -> int:
+        return int(self.mask.sum())
+
+    def _load_features(self, folder: str) -> dict[int, torch.Tensor]:
+        """Every (layer, shard) file, computing the missing ones (one target forward per shard for all of its
+        missing layers). Returns {layer: (N, T, H) fp16}, kept in memory."""
+        size = self.cfg.shard_rows
+        shards = (self.rows.shape[0] + size - 1) // size
+
+        def path(layer, s):
+            return os.path.join(folder, f"L{layer}", f"{s:05d}.pt")
+
+        for layer in self.layers:
+            os.makedirs(os.path.join(folder, f"L{layer}"), exist_ok=True)
+        todo = [s for s in range(shards) if any(not os.path.exists(path(layer, s)) for layer in self.layers)]
+        with self.acc.main_process_first():
+            for s in tqdm(todo, desc=f"target features ({len(todo)}/{shards} shards)",
+                          disable=not self.acc.is_local_main_process):
+                missing = [layer for layer in self.layers if not os.path.exists(path(layer, s))]
+                outs = target_outputs(self.target, self.rows[s * size:(s + 1) * size].long(), missing)
+                for layer in missing:
+                    _save(outs[layer].half().cpu(), path(layer, s))
+        return {layer: torch.cat([torch.load(path(layer, s)) for s in range(shards)]) for layer in self.layers}
+
+    def _compute_features(self) -> dict[int, torch.Tensor]:
+        outs = target_outputs(self.target, self.rows.long(), self.layers)
+        return {layer: h.half().cpu() for layer, h in outs.items()}
+
+    def indices(self, step: int) -> torch.Tensor:
+        """(B,) row indices of micro-batch `step`: epoch e visits every row once in a permutation seeded by e."""
+        b, n = self.cfg.batch_size, self.rows.shape[0]
+        first = step * b
+        epoch, offset = divmod(first, n)
+        out = []
+        while len(out) < b:
+            perm = torch.randperm(n, generator=torch.Generator().manual_seed(self.seed * 1_000_003 + epoch))
+            out.extend(perm[offset:offset + b - len(out)].tolist())
+            epoch, offset = epoch + 1, 0
+        return torch.tensor(out)
+
+    def tokens(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(ids (B, T) long, loss_mask (B, T) bool) of micro-batch `step`, on the device, without target outputs
+        (for recipes that run the target themselves: Medusa-2 fine-tunes it)."""
+        idx = self.indices(step)
+        return self.rows[idx].long().to(self.acc.device), self.mask[idx].to(self.acc.device)
+
+    def batch(self, step: int) -> TargetBatch:
+        idx = self.indices(step)
+        ids, mask = self.tokens(step)
+        if self.features is None:
+            hidden = target_outputs(self.target, ids, self.layers)
+        else:
+            hidden = {layer: f[idx].to(self.acc.device).float() for layer, f in self.features.items()}
+        return TargetBatch(ids, mask, hidden, hidden[self.last_layer])
+
+    def heldout_tokens(self, blocks: int):
+        """(ids, loss_mask) batches of held-out rows: corpus blocks (every position trained on), or conversations."""
+        if self.heldout_rows is None:
+            for ids in heldout_batches(self.heldout_stream, self.cfg.seq_len, blocks, self.acc.device):
+                mask = torch.ones_like(ids, dtype=torch.bool)
+                mask[:, -1] = False
+                yield ids, mask
+            return
+        ids, mask = self.heldout_rows
+        for i in range(0, min(blocks, ids.shape[0]), 8):
+            yield ids[i:i + 8].long().to(self.acc.device), mask[i:i + 8].to(self.acc.device)
+
+    def heldout(self, blocks: int):
+        """Held-out rows with the target's outputs computed fresh."""
+        for ids, mask in self.heldout_tokens(blocks):
+            hidden = target_outputs(self.target, ids, self.layers)
+            yield TargetBatch(ids, mask, hidden, hidden[self.last_layer])
+
+
+def conversation_rows(tokenizer, convs, seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(N, T) int32 ids and (N, T) bool loss masks of conversations rendered as written."""
+    rows = [_pad_row(*render_conversation(tokenizer, c, seq_len), seq_len, tokenizer.eos_token_id) for c in convs]
+    return (torch.tensor([r[0] for r in rows], dtype=torch.int32).reshape(-1, seq_len),
+            torch.tensor([r[1] for r in rows], dtype=torch.bool).reshape(-1, seq_len))
+
+
+def target_data(cfg, target, tokenizer, acc, layers=(), seed: int | None = None) -> TargetData:
+    """The recipe's rows (built or read from cache_dir) and the target's outputs at `layers` (plus the last)."""
+    from draftkit.corpus import build_corpus
+
+    layers = normalize_layers(layers, target.config.num_hidden_layers)
+    if cfg.messages_column:
+        with acc.main_process_first():
+            corpus = build_corpus(cfg.corpus, cfg.messages_column)
+        train_stream, conversations = None, list(corpus.train["text"])
+        heldout = conversation_rows(tokenizer, list(corpus.heldout["text"]), cfg.seq_len)
+    else:
+        corpus, train_stream, heldout = load_streams(cfg, tokenizer, acc)
+        conversations = None
+    tfp = target_fingerprint(target) if cfg.regenerate or cfg.data_mode == "cached" else ""
+    # shard i depends on i and these settings only, so a larger train_rows keeps the shards already made
+    rkey = digest(tfp if cfg.regenerate else "", corpus.fingerprint, cfg.messages_column, cfg.seq_len, cfg.shard_rows,
+                  cfg.regenerate, cfg.regen_prompt_len if cfg.regenerate else 0,
+                  cfg.regen_temperatures if cfg.regenerate else [], cfg.data_seed)
+    store = RowStore(cfg, target, tokenizer, train_stream, conversations, rkey, acc)
+    with acc.main_process_first():
+        rows, mask = store.build()
+    fdir = os.path.join(cfg.cache_dir, f"feats-{digest(tfp, rkey)}") if cfg.cache_dir else None
+    data = TargetData(cfg, target, rows, mask, layers, heldout, fdir, acc, cfg.seed if seed is None else seed)
+    data.corpus = corpus
+    acc.print(f"training data: {rows.shape[0]:,} rows x {rows.shape[1]} tokens, {data.tokens_per_epoch:,} trained "
+              f"tokens per epoch ({'regenerated by the target' if cfg.regenerate else 'as written'}), target "
+              f"outputs {cfg.data_mode} (hidden states {layers})")
+    return data
