@@ -26,7 +26,7 @@ from draftkit.train.loop import STATE_FILE, cli
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPTS = {"zoo": "pretrain", "draft": "draft", "medusa": "medusa", "eagle": "eagle"}
-SINGLE = "accelerate launch --config_file recipes/accelerate/single.yaml"
+SINGLE = "python train/launch.py --config_file recipes/accelerate/single.yaml"
 
 
 def config_class(module):
@@ -84,11 +84,34 @@ def test_unknown_recipe_key_is_an_error(tmp_path, capsys):
 
     bad = tmp_path / "bad.yaml"
     bad.write_text("hidden_sise: 12\n")
-    with pytest.raises(ValueError, match="unknown keys.*hidden_sise"):
+    with pytest.raises(ValueError, match="unknown key 'hidden_sise' \\(did you mean 'hidden_size'\\?\\)"):
         load_recipe(str(bad), PretrainConfig)
-    with pytest.raises(SystemExit):
+    with pytest.raises(SystemExit) as exit_:
         parse_config(PretrainConfig, ["--config", str(bad)])
-    assert "hidden_sise" in capsys.readouterr().err
+    err = capsys.readouterr().err.strip()
+    assert exit_.value.code == 2 and len(err.splitlines()) == 1, err  # one line, not argparse's usage block
+    assert "did you mean 'hidden_size'?" in err and "learning" not in err, err  # no list of every key
+    bad.write_text("zzz_qqq: 1\n")
+    with pytest.raises(ValueError, match="unknown key 'zzz_qqq' for PretrainConfig$"):
+        load_recipe(str(bad), PretrainConfig)
+
+
+LAUNCH = [sys.executable, "train/launch.py", "--config_file", "recipes/accelerate/single.yaml"]
+
+
+@pytest.mark.parametrize("script, argv, says", [
+    ("pretrain", ["--config", "nosuch.yaml"], "pretrain.py: error: --config nosuch.yaml: no such file"),  # checked
+    # before any process starts; the next one only by the launched script itself
+    pytest.param("draft", ["--target", "runs/nosuch/final"], "draft.py: error: --target runs/nosuch/final: no such "
+                 "folder", marks=pytest.mark.slow),
+])
+def test_errors_through_the_launcher_are_one_line_and_exit_code_2(script, argv, says, tmp_path):
+    res = subprocess.run(LAUNCH + [f"train/{script}.py"] + argv + ["--output_dir", str(tmp_path / "out")], cwd=ROOT,
+                         capture_output=True, text=True, timeout=300)
+    err = res.stderr.strip()
+    assert res.returncode == 2 and "Traceback" not in err, err[-2000:]
+    assert len(err.splitlines()) == 1 and err.startswith(says), err
+    assert not (tmp_path / "out").exists()
 
 
 def test_a_missing_target_folder_is_named(tmp_path):

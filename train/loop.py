@@ -287,5 +287,5 @@ def cli(main, argv=None) -> None:
     try:
         main(argv)
     except TrainError as err:
-        print(f"error: {err}", file=sys.stderr)
+        print(f"{os.path.basename(sys.argv[0])}: error: {err}", file=sys.stderr)
         sys.exit(2)
