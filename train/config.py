@@ -164,7 +164,7 @@ _config_flag.add_argument("--config")
 
 def resolve_model(name: str, kind: str, flag: str = "--target") -> str:
     """A model folder or hub id; "default" (or empty) is the shipped zoo's `kind` (target, draft, medusa, ...)."""
-    from draftkit.models import resolve
+    from draftkit.models import hub_problem, resolve
     from draftkit.zoo import ZooError
 
     if name in ("", "default", None):
@@ -178,4 +178,7 @@ def resolve_model(name: str, kind: str, flag: str = "--target") -> str:
     if looks_local and not os.path.exists(os.path.expanduser(name)):
         raise TrainError(f"{flag} {name}: no such folder (train it first, or leave {flag} unset for the "
                          f"shipped {kind})")
+    problem = None if looks_local else hub_problem(name)
+    if problem:  # before anything is created: no empty output folder is left behind
+        raise TrainError(f"{flag} {name}: {problem}")
     return name
