@@ -248,7 +248,7 @@ class EagleDrafter:
     """
 
     def __init__(self, target, draft: EagleDraftModel, max_depth: int = 5, max_nodes: int = 48, top_k: int = 8,
-                 temperature: float | None = None, seed: int | None = None, sampling=None):
+                 temperature: float | None = None, sampling=None):
         if max_depth < 1:
             raise ValueError(f"draft depth max_depth must be >= 1, got {max_depth}")
         if top_k < 1 or max_nodes < 1:
@@ -267,7 +267,6 @@ class EagleDrafter:
         self.budget_cap = Budget(max_depth, max_nodes if top_k > 1 else max_depth)
         self.temperature = temperature
         self.sampling = sampling
-        self.gen = torch.Generator().manual_seed(seed) if seed is not None else None
         self.masks = MaskBuffer(self.dtype, self.device)
         self.cache = KVBuffer(num_layers=1, capacity=0)
         self.reset(None)
@@ -317,7 +316,7 @@ class EagleDrafter:
             return DraftTree.empty(state.tokens.device)
         self._catch_up()
         root_logits = self._logits(self.bank[0])
-        return draft(root_logits, self._forward, state, self.top_k, self.gen, self.temperature, self.sampling)
+        return draft(root_logits, self._forward, state, self.top_k, self.temperature, self.sampling)
 
     @torch.no_grad()
     def update(self, result: StepResult) -> None:

@@ -42,7 +42,7 @@ import warnings
 import torch
 from torch import nn
 
-from draftkit.drafters.tree_search import draft_probs, gumbel_order, sampled_trees_enabled
+from draftkit.drafters.tree_search import draft_probs, generator_on, gumbel_order, sampled_trees_enabled
 from draftkit.verify.contract import WITHOUT_REPLACEMENT, Budget, DecodeState, DraftTree, StepResult
 
 CONFIG_NAME = "config.json"
@@ -217,14 +217,13 @@ class MedusaDrafter:
 
     target: the model being decoded (for Medusa-2: the LoRA-merged, fine-tuned target);
     heads: MedusaHeads; tree_choices: paths of top-k ranks (see `build_tree_choices`).
-    sampling: the decoding's Sampling, whose top-k / top-p sampled q then gets too; seed: of the
-    draws when sampling (None: torch's global generator).
+    sampling: the decoding's Sampling, whose top-k / top-p sampled q then gets too. Sampled draws
+    come from the run's generator (DecodeState.generator: the seed given to generate).
     """
 
     hidden_layers: tuple[int, ...] = (-1,)  # the final hidden state (after the final norm)
 
-    def __init__(self, target, heads: MedusaHeads, tree_choices, accuracies=None, sampling=None,
-                 seed: int | None = None):
+    def __init__(self, target, heads: MedusaHeads, tree_choices, accuracies=None, sampling=None):
         hidden, vocab, _, name = _target_dims(target)
         if (heads.hidden_size, heads.vocab_size) != (hidden, vocab):
             raise ValueError(f"Medusa heads (hidden size {heads.hidden_size}, vocabulary {heads.vocab_size}) do not "
@@ -235,7 +234,6 @@ class MedusaDrafter:
             heads.attach_lm_head(target.get_output_embeddings())
         self.accuracies = accuracies
         self.sampling = sampling
-        self.gen = torch.Generator().manual_seed(seed) if seed is not None else None
         self.set_tree(tree_choices)
         self.reset(None)
 
@@ -285,14 +283,15 @@ class MedusaDrafter:
         h = self.hidden.to(p.device, p.dtype) if p is not None else self.hidden
         logits = self.heads(h[None])[:, 0]  # (num_heads, V)
         if not state.greedy and sampled_trees_enabled():
-            return self._sampled(logits, head, parents, state.temperature, device, self.sampling or state.sampling)
+            return self._sampled(logits, head, parents, state.temperature, device, self.sampling or state.sampling,
+                                 state.generator)
         top = logits.topk(self.top_k, dim=-1).indices  # (num_heads, top_k), stays on the device
         tokens = top[head.to(top.device), rank.to(top.device)].to(device)
         tree = DraftTree(tokens, torch.tensor(parents, device=device))
         tree._parents = parents  # the topology is known on the host: validation reads nothing back
         return tree
 
-    def _sampled(self, logits, head, parents, temperature: float, device, sampling=None) -> DraftTree:
+    def _sampled(self, logits, head, parents, temperature: float, device, sampling=None, gen=None) -> DraftTree:
         """The layout's tree with rank r of a slot's children = the r-th draw without replacement from
         its head's q. A slot's children are taken in rank order (the layout sorts them), so its
         j-th child is the j-th draw whatever ranks the choices name: always a prefix of the draws."""
@@ -301,8 +300,7 @@ class MedusaDrafter:
             draw.append(seen.get(pa, 0))
             seen[pa] = draw[-1] + 1
         q = draft_probs(logits, temperature, sampling)  # (num_heads, V)
-        gen = self.gen if self.gen is None or self.gen.device == q.device else None
-        order = gumbel_order(q, min(max(draw) + 1, q.shape[-1]), gen)  # (num_heads, k)
+        order = gumbel_order(q, min(max(draw) + 1, q.shape[-1]), generator_on(gen, q.device))  # (num_heads, k)
         support = (q > 0).sum(-1).tolist()
         keep, index = [], {}  # drop draws past a head's support (q = 0 there) and their subtrees
         for i, (hd, d, pa) in enumerate(zip(head.tolist(), draw, parents)):

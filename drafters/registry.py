@@ -131,6 +131,9 @@ def settings_for(name: str, **flags):
     """The settings of method `name` with `flags` applied; unknown names and flags are one-line errors."""
     if name not in REGISTRY:
         raise ValueError(f"unknown drafter {name!r}; choose one of {', '.join(REGISTRY)}")
+    if "seed" in flags:  # one seed per run, not per drafter: the loop hands it to the drafter and the verifier
+        raise ValueError("a drafter takes no seed: pass seed= to generate (or generate_batch / best_of_n), which "
+                         "seeds the drafter's draws and the verifier's together")
     cls = REGISTRY[name].settings
     known = {f.name for f in dataclasses.fields(cls)}
     bad = sorted(set(flags) - known)

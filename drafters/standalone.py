@@ -49,7 +49,7 @@ class StandaloneDrafter:
     hidden_layers: tuple[int, ...] = ()
 
     def __init__(self, model, max_depth: int = 4, max_nodes: int | None = None, top_k: int = 1,
-                 temperature: float | None = None, seed: int | None = None, target=None,
+                 temperature: float | None = None, target=None,
                  sampling: Sampling | None = None):
         if target is not None:
             check_same_vocabulary(target, model)
@@ -65,7 +65,6 @@ class StandaloneDrafter:
         self.budget_cap = Budget(max_depth, max_nodes)
         self.temperature = temperature
         self.sampling = sampling
-        self.gen = torch.Generator().manual_seed(seed) if seed is not None else None
         self.max_len = context_limit(model)
         self.masks = MaskBuffer(model.dtype, model.device)
         self.cache = KVBuffer.for_model(model, capacity=0)
@@ -91,7 +90,7 @@ class StandaloneDrafter:
         logits = run_model(self.model, self.cache, None, None, None, input_ids=new[None].to(self.model.device),
                            logits_to_keep=1).logits[0, -1]
         self.cache.commit(list(range(new.numel())))
-        return draft(logits, self._forward, state, self.top_k, self.gen, self.temperature, self.sampling)
+        return draft(logits, self._forward, state, self.top_k, self.temperature, self.sampling)
 
     def update(self, result: StepResult) -> None:
         # keep the draft entries of the accepted path that went through the draft; drop the rest

@@ -46,9 +46,10 @@ from draftkit.verify.contract import WITHOUT_REPLACEMENT, DraftTree
 Forward = Callable[[torch.Tensor, torch.Tensor, "torch.Tensor | None", torch.Tensor], torch.Tensor]
 
 
-def _generator(gen: torch.Generator | None, device) -> torch.Generator | None:
+def generator_on(gen: torch.Generator | None, device) -> torch.Generator | None:
     """A generator usable on `device`: the same object when its device matches, else a new one seeded
-    from it (a CPU generator cannot drive torch.multinomial on a CUDA tensor)."""
+    from it (a CPU generator cannot drive torch.multinomial on a CUDA tensor), so a seeded run stays
+    seeded whatever device the draft sits on."""
     if gen is None or gen.device == torch.device(device):
         return gen
     return torch.Generator(device=device).manual_seed(int(torch.randint(2**62, (1,), generator=gen)))
@@ -80,7 +81,7 @@ def sample_chain(root_logits: torch.Tensor, forward: Forward, depth: int, greedy
                  sampling: Sampling | None = None) -> DraftTree:
     """A chain of `depth` tokens; sampled from q = draft_probs(logits) unless greedy (then q is None)."""
     dev = root_logits.device
-    gen = _generator(gen, dev)
+    gen = generator_on(gen, dev)
     picked, qs, logits = [], [], root_logits
     for d in range(depth):
         if greedy:
@@ -151,7 +152,7 @@ def sampled_tree(root_logits: torch.Tensor, forward: Forward, depth: int, top_k:
     budget is filled with the best remaining children. One host read per forward.
     """
     dev = root_logits.device
-    gen = _generator(gen, dev)
+    gen = generator_on(gen, dev)
     floor = math.log(min_path_prob) if min_path_prob > 0 else -math.inf
     tok, par, score, dep, pslot, row = [], [], [], [], [], []  # per node (host)
     slot_node, qs = [-1], []  # slot 0: the root; slot r + 1: the r-th node run through the draft
@@ -276,11 +277,12 @@ def kept_entries(tree: DraftTree, accepted: list[int]) -> list[int]:
     return entries
 
 
-def draft(root_logits: torch.Tensor, forward: Forward, state, top_k: int, gen: torch.Generator | None = None,
-          temperature: float | None = None, sampling=None) -> DraftTree:
+def draft(root_logits: torch.Tensor, forward: Forward, state, top_k: int, temperature: float | None = None,
+          sampling=None) -> DraftTree:
     """The proposal of an autoregressive drafter within state.budget: a chain (top_k 1, sampled from q when
-    sampling), a tree sampled without replacement (sampling), or the EAGLE-2 top-k tree (greedy)."""
-    budget = state.budget
+    sampling), a tree sampled without replacement (sampling), or the EAGLE-2 top-k tree (greedy). Sampled
+    draws come from state.generator (the run's seed)."""
+    budget, gen = state.budget, state.generator
     depth = min(budget.max_depth, budget.max_nodes)
     temperature = temperature or state.temperature
     sampling = sampling or state.sampling

@@ -1,20 +1,63 @@
 """Loading models by name: the shipped zoo (None / "default"), a local folder or a hub id."""
 from __future__ import annotations
 
+import os
+import socket
+from urllib.parse import urlparse
+
 import torch
 
 from draftkit.zoo import verified_path
+
+HUB_TIMEOUT_S = 2.0  # how long the hub may take to answer before a hub id counts as unreachable
+
+
+class ModelUnreachable(OSError):
+    """A hub id that is neither a local folder, nor in the local hub cache, nor reachable now."""
 
 
 def resolve(name_or_path: str | None, default: str) -> str:
     return verified_path(default) if name_or_path in (None, "", "default") else name_or_path
 
 
+def hub_problem(name: str) -> str | None:
+    """Why the hub id `name` cannot be loaded now (one clause), or None: a local folder, in the local hub cache,
+    or the hub answers within HUB_TIMEOUT_S. Without it, no network costs a minute of retries and a traceback."""
+    from huggingface_hub import constants, try_to_load_from_cache
+
+    if os.path.exists(os.path.expanduser(name)):
+        return None
+    try:
+        if isinstance(try_to_load_from_cache(name, "config.json"), str):
+            return None
+    except ValueError:  # not of a hub id's form: from_pretrained says so itself
+        return None
+    if constants.HF_HUB_OFFLINE:
+        return "neither a folder nor in the local hub cache, and HF_HUB_OFFLINE is set"
+    url = urlparse(constants.ENDPOINT)
+    try:
+        socket.create_connection((url.hostname, url.port or (80 if url.scheme == "http" else 443)),
+                                 timeout=HUB_TIMEOUT_S).close()
+    except OSError:
+        return (f"neither a folder nor reachable: the hub ({constants.ENDPOINT}) did not answer within "
+                f"{HUB_TIMEOUT_S:.0f} s (no network? HF_HUB_OFFLINE=1 uses the local hub cache only)")
+    return None
+
+
+def check_reachable(name: str) -> str:
+    """`name`, or a ModelUnreachable that says in one line why it cannot be loaded."""
+    problem = hub_problem(name)
+    if problem:
+        raise ModelUnreachable(f"{name}: {problem}")
+    return name
+
+
 def load_model(name_or_path: str | None = None, default: str = "target", dtype=torch.float32):
     """A causal LM from the zoo (None), a local folder or a Hugging Face hub id; eval mode."""
     from transformers import AutoModelForCausalLM
 
-    return AutoModelForCausalLM.from_pretrained(resolve(name_or_path, default), dtype=dtype).eval()
+    path = check_reachable(resolve(name_or_path, default))
+    return AutoModelForCausalLM.from_pretrained(path, dtype=dtype).eval()
 
 
 def load_target(name_or_path: str | None = None, dtype=torch.float32):

@@ -14,6 +14,7 @@ from draftkit.eval import cli_checks as check
 from draftkit.eval.cli_checks import UsageError
 from draftkit.eval.drafter_flags import add_drafter_flags, check_drafter_flags
 from draftkit.eval.tasks import TASKS
+from draftkit.models import hub_problem
 
 # What a run measures unless a flag says otherwise; an explicit flag always wins over a preset.
 # default: about 3 minutes on 2 CPU cores with every drafter; full: the README's table.
@@ -119,6 +120,9 @@ def check_flags(args) -> list[check.PromptText] | None:
     check.top_p(args.top_p)
     for flag in ("target", "draft", "medusa", "eagle", "eagle3"):
         check.model_ref(f"--{flag}", getattr(args, flag))
+        problem = getattr(args, flag) and hub_problem(getattr(args, flag))
+        if problem:
+            raise UsageError(f"--{flag} {getattr(args, flag)}: {problem}")
     if args.prompts_file is None:
         args.task_names = check.names("--tasks", args.tasks, TASKS)
         return None

@@ -113,6 +113,7 @@ def run(args, target_path, tok, tasks, notes, started: float) -> int:
 
     import draftkit as dk
     from draftkit.eval.measure import measure, warm_up
+    from draftkit.eval.noise import Probe, timing_warnings
     from draftkit.eval.report import RunWriter, format_table, log_wandb, quiet_warnings
     from draftkit.eval.rows import error_row, task_rows
 
@@ -125,6 +126,7 @@ def run(args, target_path, tok, tasks, notes, started: float) -> int:
         print(note)
     report = {"machine": machine(), "settings": settings_of(args), "notes": notes, "rows": writer.rows}
     status, warned = 0, {}
+    probe = Probe(threads=torch_threads())
 
     def failed(task, method, message, tb, prompt=None):
         writer.add(error_row(task, method, message, prompt))
@@ -159,7 +161,10 @@ def run(args, target_path, tok, tasks, notes, started: float) -> int:
     except Exception as exc:  # noqa: BLE001 - whatever ends the run, keep what it measured
         failed("all", "run", error_message(exc), traceback.format_exc())
     report["seconds"] = round(time.perf_counter() - started, 1)
-    report["warnings"] = warned
+    report["timing"] = timing = probe.finish()
+    timing["warnings"] = timing_warnings(timing, writer.rows)
+    report["warnings"] = timing["warnings"] + [
+        f"{text} ({count}x during the run)" for text, count in warned.items()]
     paths = writer.finish(report, plots=not args.no_plots)
     if report.get("batches"):
         from draftkit.eval.bench_batch import format_batches, plot
@@ -169,20 +174,26 @@ def run(args, target_path, tok, tasks, notes, started: float) -> int:
             rows = [r for r in report["batches"] if r["drafter"] != "plain"]
             plot(rows, os.path.join(args.out, "speedup_by_batch.png"))
     print("\n" + format_table(report))
-    for text, count in warned.items():
-        print(f"warned {count}x during the run: {text}")
     lossy = [r for r in writer.rows if r.get("lossless") is False]
     if lossy:
         print(f"\nWARNING: {len(lossy)} rows differ from plain greedy decoding: "
               + ", ".join(f"{r['drafter']}/{r['task']} ({r['identical_outputs']})" for r in lossy))
     if args.wandb:
         log_wandb(report)
+    for text in report["warnings"]:
+        print(f"WARNING: {text}")
     print(f"\nran {report['seconds']:.0f} s; wrote {', '.join(os.path.basename(p) for p in paths)} and rows.jsonl "
           f"into {args.out}")
     if writer.errors and not status:
         print(f"{len(writer.errors)} failure(s): see the FAILED rows", file=sys.stderr)
         status = 1
     return status
+
+
+def torch_threads() -> int:
+    import torch
+
+    return torch.get_num_threads()
 
 
 def batch_rows(args, target, prompts, bar) -> list[dict]:

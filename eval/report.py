@@ -64,7 +64,9 @@ def added_mb(row: dict) -> float | None:
 def format_table(report: dict) -> str:
     head = (f"{'task':6} {'method':18} {'tau':>5} {'alpha':>5} {'tok/s':>7} {'speedup':>16} {'pred.':>5} "
             f"{'budget':>8} {'K*':>3} {'draft%':>6} {'adds MB':>7} {'lossless':>9}  accept by depth")
-    lines = [f"machine: {report['machine']}", head, "-" * len(head)]
+    lines = [f"machine: {report['machine']}"]
+    lines += [f"WARNING: {w}" for w in report.get("timing", {}).get("warnings", [])]  # before any figure
+    lines += [head, "-" * len(head)]
     failed = [r for r in report["rows"] if r.get("error")]
     for r in report["rows"]:
         if r.get("error"):

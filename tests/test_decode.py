@@ -163,7 +163,7 @@ def test_sampling_through_drafts_follows_the_target(drafter_name):
     target = tiny_model("llama", vocab=V, hidden=16, layers=1, seed=3)
     small = tiny_model("llama", vocab=V, hidden=16, layers=1, seed=4)
     prompt = torch.tensor([1, 2, 3, 1, 2])
-    make = {"standalone-chain-q": lambda: StandaloneDrafter(small, max_depth=2, seed=0),
+    make = {"standalone-chain-q": lambda: StandaloneDrafter(small, max_depth=2),
             "standalone-tree": lambda: StandaloneDrafter(small, max_depth=2, top_k=3, max_nodes=6),
             "lookahead": lambda: LookaheadDrafter(ngram=3, window=3)}[drafter_name]
     exact = exact_first_three(target, prompt).sum(0).flatten()  # (t2, t3) after marginalising t1

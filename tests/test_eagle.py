@@ -135,7 +135,7 @@ def _from_scratch(target, draft, tokens, path_tokens):
 @pytest.mark.parametrize("greedy", [True, False])
 def test_draft_cache_matches_recomputation(target1, chain, layers, greedy):
     draft = oracle_draft(target1, layers, feature_mix=0.01)
-    drafter = Recorder(target1, draft, max_depth=4, top_k=1 if chain else 3, max_nodes=9, seed=0)
+    drafter = Recorder(target1, draft, max_depth=4, top_k=1 if chain else 3, max_nodes=9)
     sampling = Sampling() if greedy else Sampling(temperature=1.0)
     deepest = 0
     for prompt in PROMPTS[:2]:
@@ -198,7 +198,7 @@ def test_sampling_is_lossless(chain):
     target = tiny_target(layers=1, vocab=16, seed=0, logit_scale=90.0)
     prompt = torch.tensor([3, 7, 1, 12, 5])
     exact = _exact_joint(target, prompt)
-    drafter = EagleDrafter(target, oracle_draft(target), max_depth=3, top_k=1 if chain else 4, max_nodes=8, seed=0)
+    drafter = EagleDrafter(target, oracle_draft(target), max_depth=3, top_k=1 if chain else 4, max_nodes=8)
     n = 2000
     counts = torch.zeros(16, 16)
     for s in range(n):

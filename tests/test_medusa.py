@@ -317,10 +317,10 @@ def test_train_resumes_from_checkpoint(tiny_setup, tmp_path, wandb_offline):
     out = tmp_path / "resume"
     first = train_main(train_argv(tiny_setup, out, "--max_steps", "2", "--checkpoint_every", "2"))
     assert first["resumed_from"] == 0
-    assert json.loads((out / "checkpoints" / "checkpoint_0" / "trainer_state.json").read_text())["step"] == 2
+    assert json.loads((out / "checkpoints" / "checkpoint-2" / "trainer_state.json").read_text())["step"] == 2
     second = train_main(train_argv(tiny_setup, out, "--max_steps", "4", "--checkpoint_every", "2"))
     assert second["resumed_from"] == 2
-    assert json.loads((out / "checkpoints" / "checkpoint_1" / "trainer_state.json").read_text())["step"] == 4
+    assert json.loads((out / "checkpoints" / "checkpoint-4" / "trainer_state.json").read_text())["step"] == 4
 
 
 def test_train_medusa2_greedy_equals_merged_target(tiny_setup, tmp_path, wandb_offline):

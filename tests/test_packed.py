@@ -69,8 +69,8 @@ def test_sampling_at_batch_size_three_follows_the_target():
     exact = [exact_pair(target, p) for p in prompts]
     pairs = [[] for _ in prompts]
     n = 250
-    for i in range(n):  # the draft's seeds differ from the verifier's: their randomness must be independent
-        outs = dk.generate_batch(target, prompts, lambda: StandaloneDrafter(small, max_depth=2, seed=10**6 + i),
+    for i in range(n):  # one seed per run: the loop gives the draft and the verifier independent streams of it
+        outs = dk.generate_batch(target, prompts, lambda: StandaloneDrafter(small, max_depth=2),
                                  max_new_tokens=3, eos_token_id=[], sampling=Sampling(temperature=1.0), seed=i,
                                  budget="fixed")
         for row, out in enumerate(outs):
@@ -120,14 +120,14 @@ def test_bad_calls_are_clear_errors():
 
 
 def test_equal_seeds_for_draft_and_verifier_stay_exact():
-    """A drafter and the loop seeded with the same number must not share a random stream (the verifier's seed
-    is salted): with a shared stream the draft would be tested by the uniforms that drew it (TV about 0.5)."""
+    """The loop's one seed gives the drafter and the verifier a stream each (salted apart): with a shared stream
+    the draft would be tested by the uniforms that drew it (TV about 0.5)."""
     target = tiny_model("llama", vocab=V, hidden=16, layers=1, seed=3)
     small = tiny_model("llama", vocab=V, hidden=16, layers=1, seed=4)
     prompt = torch.tensor([1, 2, 3, 1, 2])
     exact = exact_pair(target, prompt)
     n = 250
-    pairs = [generate(target, prompt, StandaloneDrafter(small, max_depth=2, seed=i), max_new_tokens=3, eos_token_id=[],
+    pairs = [generate(target, prompt, StandaloneDrafter(small, max_depth=2), max_new_tokens=3, eos_token_id=[],
                       sampling=Sampling(temperature=1.0), seed=i, budget="fixed").tokens.tolist()[:2] for i in range(n)]
     assert tv_of(pairs, exact) < tv_bound(exact, n)
 
@@ -147,7 +147,7 @@ def test_the_loop_runs_on_every_available_device(device):
         out = generate(target, prompt, StandaloneDrafter(small, max_depth=3, top_k=2, max_nodes=6), max_new_tokens=16,
                        eos_token_id=[], budget=budget)
         assert out.tokens.tolist() == ref
-    sampled = [generate(target, prompt, StandaloneDrafter(small, max_depth=3, top_k=2, max_nodes=6, seed=5),
+    sampled = [generate(target, prompt, StandaloneDrafter(small, max_depth=3, top_k=2, max_nodes=6),
                         max_new_tokens=12, eos_token_id=[], sampling=Sampling(temperature=0.9, top_p=0.95),
                         seed=3, budget="fixed").tokens.tolist() for _ in range(2)]
     # seeded and with a fixed budget: reproducible (an auto budget depends on timings, so its trees and with them

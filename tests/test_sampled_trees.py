@@ -251,7 +251,7 @@ def test_standalone_tree_through_the_loop(rule):
     torch.manual_seed(0)
     target, small = standalone_pair()
     exact = exact_tokens_2_3(target, PROMPT)
-    drafter = StandaloneDrafter(small, max_depth=2, top_k=4, max_nodes=8, seed=0)
+    drafter = StandaloneDrafter(small, max_depth=2, top_k=4, max_nodes=8)
     counts, accepted = decode_counts(target, PROMPT, drafter if rule == "recursive" else as_iid(drafter), 1200)
     pvalues = fit_pvalues(counts, exact)
     if rule == "recursive":
@@ -267,7 +267,7 @@ def test_standalone_tree_shapes_follow_the_target(depth, top_k, max_nodes, new):
     torch.manual_seed(0)
     target, small = standalone_pair()
     exact = exact_tokens_2_3(target, PROMPT)
-    drafter = StandaloneDrafter(small, max_depth=depth, top_k=top_k, max_nodes=max_nodes, seed=1)
+    drafter = StandaloneDrafter(small, max_depth=depth, top_k=top_k, max_nodes=max_nodes)
     counts, accepted = decode_counts(target, PROMPT, drafter, 1500, max_new_tokens=new)
     assert accepted > 300
     assert min(fit_pvalues(counts, exact)) > P_OK, (fit_pvalues(counts, exact), tv(counts, exact))
@@ -292,7 +292,7 @@ def eagle_pair(seed=0):
 def test_eagle_tree_through_the_loop_follows_the_target(top_k, max_nodes):
     target, draft = eagle_pair()
     exact = exact_tokens_2_3(target, PROMPT)
-    drafter = EagleDrafter(target, draft, max_depth=2, top_k=top_k, max_nodes=max_nodes, seed=0)
+    drafter = EagleDrafter(target, draft, max_depth=2, top_k=top_k, max_nodes=max_nodes)
     counts, accepted = decode_counts(target, PROMPT, drafter, 1500)
     assert accepted > 300
     assert min(fit_pvalues(counts, exact)) > P_OK, (fit_pvalues(counts, exact), tv(counts, exact))
@@ -302,7 +302,7 @@ def test_eagle_tree_through_the_loop_follows_the_target(top_k, max_nodes):
 def test_eagle_tree_labelled_iid_fails():
     target, draft = eagle_pair()
     exact = exact_tokens_2_3(target, PROMPT)
-    drafter = as_iid(EagleDrafter(target, draft, max_depth=2, top_k=4, max_nodes=8, seed=0))
+    drafter = as_iid(EagleDrafter(target, draft, max_depth=2, top_k=4, max_nodes=8))
     counts, _ = decode_counts(target, PROMPT, drafter, 1500)
     assert min(fit_pvalues(counts, exact)) < P_WRONG, (fit_pvalues(counts, exact), tv(counts, exact))
 

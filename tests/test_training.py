@@ -26,7 +26,7 @@ from draftkit.train.loop import STATE_FILE, cli
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPTS = {"zoo": "pretrain", "draft": "draft", "medusa": "medusa", "eagle": "eagle"}
-SINGLE = "accelerate launch --config_file recipes/accelerate/single.yaml"
+SINGLE = "python train/launch.py --config_file recipes/accelerate/single.yaml"
 
 
 def config_class(module):
@@ -84,15 +84,41 @@ def test_unknown_recipe_key_is_an_error(tmp_path, capsys):
 
     bad = tmp_path / "bad.yaml"
     bad.write_text("hidden_sise: 12\n")
-    with pytest.raises(ValueError, match="unknown keys.*hidden_sise"):
+    with pytest.raises(ValueError, match="unknown key 'hidden_sise' \\(did you mean 'hidden_size'\\?\\)"):
         load_recipe(str(bad), PretrainConfig)
-    with pytest.raises(SystemExit):
+    with pytest.raises(SystemExit) as exit_:
         parse_config(PretrainConfig, ["--config", str(bad)])
-    assert "hidden_sise" in capsys.readouterr().err
+    err = capsys.readouterr().err.strip()
+    assert exit_.value.code == 2 and len(err.splitlines()) == 1, err  # one line, not argparse's usage block
+    assert "did you mean 'hidden_size'?" in err and "learning" not in err, err  # no list of every key
+    bad.write_text("zzz_qqq: 1\n")
+    with pytest.raises(ValueError, match="unknown key 'zzz_qqq' for PretrainConfig$"):
+        load_recipe(str(bad), PretrainConfig)
 
 
-def test_a_missing_target_folder_is_named(tmp_path):
+LAUNCH = [sys.executable, "train/launch.py", "--config_file", "recipes/accelerate/single.yaml"]
+
+
+@pytest.mark.parametrize("script, argv, says", [
+    ("pretrain", ["--config", "nosuch.yaml"], "pretrain.py: error: --config nosuch.yaml: no such file"),  # checked
+    # before any process starts; the next one only by the launched script itself
+    pytest.param("draft", ["--target", "runs/nosuch/final"], "draft.py: error: --target runs/nosuch/final: no such "
+                 "folder", marks=pytest.mark.slow),
+])
+def test_errors_through_the_launcher_are_one_line_and_exit_code_2(script, argv, says, tmp_path):
+    res = subprocess.run(LAUNCH + [f"train/{script}.py"] + argv + ["--output_dir", str(tmp_path / "out")], cwd=ROOT,
+                         capture_output=True, text=True, timeout=300)
+    err = res.stderr.strip()
+    assert res.returncode == 2 and "Traceback" not in err, err[-2000:]
+    assert len(err.splitlines()) == 1 and err.startswith(says), err
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_missing_target_folder_is_named(tmp_path, monkeypatch):
+    from draftkit import models
     from draftkit.train.config import TrainError, resolve_model
+
+    monkeypatch.setattr(models, "hub_problem", lambda name: None)  # as if the hub answered (tests/test_hub_ids.py)
 
     with pytest.raises(TrainError, match="runs/target/final: no such folder"):
         resolve_model("runs/target/final", "target")
@@ -187,8 +213,9 @@ def test_a_finished_run_continues_into_the_same_wandb_run(tiny, tmp_path, monkey
             "--batch_size", "4", "--eval_blocks", "4", "--output_dir", str(out)]  # W&B on, the default cache_dir
     first = main(args + ["--max_steps", "3"])
     assert first["resumed_from"] == 0 and len(first["history"]) == 3
-    ckpts = sorted((out / "checkpoints").glob("checkpoint_*"))
-    assert len(ckpts) == 1 and json.loads((ckpts[0] / STATE_FILE).read_text())["step"] == 3  # < checkpoint_every
+    ckpts = sorted((out / "checkpoints").glob("checkpoint*"))
+    assert [p.name for p in ckpts] == ["checkpoint-3"]  # named by its step; 3 < checkpoint_every: the last step
+    assert json.loads((ckpts[0] / STATE_FILE).read_text())["step"] == 3
     second = main(args + ["--max_steps", "5"])
     assert second["resumed_from"] == 3 and second["steps"] == 5 and len(second["history"]) == 2
     assert json.loads((out / "final" / "train_report.json").read_text())["steps"] == 5
@@ -226,16 +253,19 @@ def test_interrupted_and_corrupt_checkpoints(tiny, tmp_path):
     out = tmp_path / "c"
     common = ["--max_steps", "4", "--checkpoint_every", "2"]
     main(recipe_argv("pretrain", tiny, out, *common, "--stop_at_step", "2"))
-    (out / "checkpoints" / "checkpoint_7").mkdir()  # a save killed half-way: no trainer_state.json
-    weights = glob.glob(str(out / "checkpoints" / "checkpoint_0" / "*.safetensors"))[0]
+    (out / "checkpoints" / "checkpoint-7").mkdir()  # a save killed half-way: no trainer_state.json
+    weights = glob.glob(str(out / "checkpoints" / "checkpoint-2" / "*.safetensors"))[0]
     shutil.copy(weights, tmp_path / "good.safetensors")
     with open(weights, "wb") as fh:
         fh.write(b"not a checkpoint")
     with pytest.raises(TrainError, match="corrupt or incompatible"):
         main(recipe_argv("pretrain", tiny, out, *common))
-    assert not (out / "checkpoints" / "checkpoint_7").exists()
+    assert not (out / "checkpoints" / "checkpoint-7").exists()
     shutil.copy(tmp_path / "good.safetensors", weights)
+    # a folder of an older version, named by its index rather than its step, resumes as well
+    (out / "checkpoints" / "checkpoint-2").rename(out / "checkpoints" / "checkpoint_0")
     assert main(recipe_argv("pretrain", tiny, out, *common))["resumed_from"] == 2
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["checkpoint-4", "checkpoint_0"]
 
 
 # ----------------------------------------------------------------------------- the zoo build and the README

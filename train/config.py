@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import difflib
 import os
 from pathlib import Path
 
@@ -68,8 +69,10 @@ class TrainConfig:
 
     def __post_init__(self):
         self.cache_dir = self.cache_dir.replace("{output_dir}", self.output_dir)
-        if self.max_steps < 1 or self.gradient_accumulation_steps < 1 or self.checkpoint_every < 1:
-            raise TrainError("max_steps, gradient_accumulation_steps and checkpoint_every must be >= 1")
+        bad = [f"{k} must be >= 1, got {getattr(self, k)}" for k in
+               ("max_steps", "gradient_accumulation_steps", "checkpoint_every") if getattr(self, k) < 1]
+        if bad:
+            raise TrainError("; ".join(bad))
 
 
 _HELP = {f.name: f.metadata["help"] for f in dataclasses.fields(TrainConfig)}
@@ -91,7 +94,10 @@ class _ListAction(argparse.Action):
 
 
 class RecipeParser(HfArgumentParser):
-    """HfArgumentParser with list flags that also take a YAML list."""
+    """HfArgumentParser with list flags that also take a YAML list, whose errors are one line (exit code 2)."""
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message} (--help lists every flag)\n")
 
     @staticmethod
     def _parse_dataclass_field(parser, field):
@@ -110,29 +116,39 @@ class RecipeParser(HfArgumentParser):
 
 
 def load_recipe(path: str, cls, ignore_unknown: bool = False) -> dict:
-    """The YAML's keys, checked against the recipe's fields (a typo is an error, not a silent default);
-    ignore_unknown keeps only the fields of `cls` (a tool that reads part of another recipe's YAML)."""
+    """The YAML's keys, checked against the recipe's fields (a typo is an error naming the nearest key, not a
+    silent default); ignore_unknown keeps only the fields of `cls` (a tool that reads part of another recipe)."""
     with open(path) as fh:
         data = yaml.safe_load(fh) or {}
-    names = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(data) - names)
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: a recipe is a YAML mapping of keys to values, got a {type(data).__name__}")
+    names = [f.name for f in dataclasses.fields(cls)]
+    unknown = sorted(set(data) - set(names))
     if ignore_unknown:
         return {k: v for k, v in data.items() if k in names}
     if unknown:
-        raise ValueError(f"{path}: unknown keys {unknown} for {cls.__name__}; known: {sorted(names)}")
+        def hint(key):
+            near = difflib.get_close_matches(str(key), names, n=1)
+            return f"{key!r}" + (f" (did you mean {near[0]!r}?)" if near else "")
+
+        raise ValueError(f"{path}: unknown key{'s' if len(unknown) > 1 else ''} {', '.join(map(hint, unknown))} "
+                         f"for {cls.__name__}")
     return data
 
 
-def parse_config(cls, argv=None, description: str = "", ignore_unknown: bool = False):
-    """Build `cls` from --config YAML, then command-line overrides (argv: default sys.argv[1:])."""
-    parser = RecipeParser(cls, description=description, formatter_class=_Formatter)
+def parse_config(cls, argv=None, description: str = "", prog: str | None = None, ignore_unknown: bool = False):
+    """Build `cls` from --config YAML, then command-line overrides (argv: default sys.argv[1:]). `prog`: the
+    script's name in messages (default: the running one's)."""
+    parser = RecipeParser(cls, prog=prog, description=description, formatter_class=_Formatter)
     parser.add_argument("--config", help="YAML recipe under recipes/ (its keys are the flags below; flags win)")
     pre, _ = _config_flag.parse_known_args(argv)
     if pre.config:
         try:
             parser.set_defaults(**load_recipe(pre.config, cls, ignore_unknown))
-        except (OSError, ValueError) as err:
-            parser.error(str(err))
+        except FileNotFoundError:
+            parser.error(f"--config {pre.config}: no such file")
+        except (OSError, ValueError, yaml.YAMLError) as err:
+            parser.error(" ".join(str(err).split()))
     try:
         cfg, _ = parser.parse_args_into_dataclasses(argv, look_for_args_file=False)
     except TrainError as err:
@@ -150,7 +166,7 @@ _config_flag.add_argument("--config")
 
 def resolve_model(name: str, kind: str, flag: str = "--target") -> str:
     """A model folder or hub id; "default" (or empty) is the shipped zoo's `kind` (target, draft, medusa, ...)."""
-    from draftkit.models import resolve
+    from draftkit.models import hub_problem, resolve
     from draftkit.zoo import ZooError
 
     if name in ("", "default", None):
@@ -164,4 +180,7 @@ def resolve_model(name: str, kind: str, flag: str = "--target") -> str:
     if looks_local and not os.path.exists(os.path.expanduser(name)):
         raise TrainError(f"{flag} {name}: no such folder (train it first, or leave {flag} unset for the "
                          f"shipped {kind})")
+    problem = None if looks_local else hub_problem(name)
+    if problem:  # before anything is created: no empty output folder is left behind
+        raise TrainError(f"{flag} {name}: {problem}")
     return name

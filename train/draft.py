@@ -1,6 +1,6 @@
 """Distil the standalone draft model from the target.
 
-    accelerate launch --config_file recipes/accelerate/single.yaml train/draft.py --config recipes/draft/distill.yaml
+    python train/launch.py --config_file recipes/accelerate/single.yaml train/draft.py --config recipes/draft/distill.yaml
     python train/draft.py --config recipes/draft/distill.yaml           # one CPU
 
 Loss: KL(p_target || q_draft) over the whole vocabulary at every trained position (the draft learns the target's

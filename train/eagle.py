@@ -1,6 +1,6 @@
 """Train an EAGLE draft (EAGLE-1/2, or EAGLE-3 features + training-time test) for a frozen target.
 
-    accelerate launch --config_file recipes/accelerate/single.yaml train/eagle.py --config recipes/eagle/eagle2.yaml
+    python train/launch.py --config_file recipes/accelerate/single.yaml train/eagle.py --config recipes/eagle/eagle2.yaml
     python train/eagle.py --config recipes/eagle/eagle2.yaml          # one CPU
     python train/eagle.py --config recipes/eagle/eagle3.yaml
 

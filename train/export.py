@@ -59,8 +59,37 @@ def _architectures(target: str) -> list[str] | None:
         return (json.load(fh).get("architectures") or None)
 
 
+def drafter_kind(src: str, name: str, target: str | None) -> str:
+    """eagle, medusa or standalone; a folder that holds no drafter (a run folder, the target itself) is refused
+    with what to pass instead."""
+    if not os.path.exists(os.path.join(src, "config.json")):
+        final = os.path.join(src, "final")
+        if os.path.exists(os.path.join(final, "config.json")):
+            raise ExportRefused(f"{name} is a training run, not a drafter: export its model, {name.rstrip('/')}/final")
+        raise ExportRefused(f"{name} holds no drafter (no config.json): pass a drafter's folder, such as a training "
+                            f"run's final/ or zoo/eagle3")
+    kind = kind_of(src)
+    if kind == "standalone" and os.path.realpath(src) == os.path.realpath(target or _default_target(src, "")):
+        raise ExportRefused(f"{name} is the target model itself, not a drafter: export a draft trained for it "
+                            f"(train/draft.py, train/eagle.py, train/medusa.py) or one of zoo/draft, zoo/eagle3, "
+                            f"zoo/medusa")
+    return kind
+
+
+def serve_name(path: str) -> str:
+    """How a serve command names a model: a local folder by its absolute path (the command may run anywhere),
+    a hub id as it is."""
+    return os.path.abspath(path) if os.path.exists(path) else path
+
+
+# draft tokens per step the serve commands use when --speculative-tokens is not given (the README's): EAGLE
+# drafts 5 levels; Medusa proposes one token per head; a standalone draft a chain of 4
+DRAFT_TOKENS = {"eagle": 5, "standalone": 4}
+
+
 def serve_commands(kind: str, fmt: str, out: str, target: str, eagle3: bool, k: int) -> list[str]:
     """The engine commands that serve the exported folder."""
+    out, target = serve_name(out), serve_name(target)
     vllm = ("vllm serve {t} --speculative-config "
             "'{{\"method\": \"{m}\", \"model\": \"{o}\", \"num_speculative_tokens\": {k}}}'")
     sglang = ("python -m sglang.launch_server --model-path {t} --speculative-algorithm {a} "
@@ -107,8 +136,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", choices=sorted(DTYPES), default="float16",
                    help="dtype of the written floating-point weights (default: float16, what draftkit saves; "
                         "d2t / t2d stay int64 / bool)")
-    p.add_argument("--speculative-tokens", type=int, default=3, metavar="K",
-                   help="draft tokens per step written into speculators_config and the printed commands (default: 3)")
+    p.add_argument("--speculative-tokens", type=int, default=None, metavar="K",
+                   help="draft tokens per step written into speculators_config and the printed commands (default: "
+                        "5 for EAGLE, the number of heads for Medusa, 4 for a standalone draft, as in the README)")
     p.add_argument("--force", action="store_true",
                    help="write into a non-empty --out (files of the same name are replaced; default: refuse)")
     return p
@@ -122,8 +152,10 @@ def export(args) -> tuple[str, list[str]]:
     if os.path.isdir(out) and os.listdir(out) and not args.force:
         raise ExportRefused(f"{args.out} exists and is not empty (pass --force to write into it)")
     dtype = DTYPES[args.dtype]
-    kind = kind_of(src)
+    kind = drafter_kind(src, args.drafter, args.target)
     cfg = read_config(src)
+    k = args.speculative_tokens or DRAFT_TOKENS.get(kind) or int(cfg.get("num_heads") or cfg.get("medusa_num_heads")
+                                                                 or 4)
     if kind == "eagle":
         if detect(src) == "draftkit-eagle":
             raise ExportRefused(
@@ -140,7 +172,7 @@ def export(args) -> tuple[str, list[str]]:
             draft = load_eagle_draft(src, load_model(args.target))
         target = args.target or _default_target(src, draft.config.target_name)
         msg = export_eagle(draft, args.format, out, dtype, target_name=target,
-                           speculative_tokens=args.speculative_tokens, target_architectures=_architectures(target))
+                           speculative_tokens=k, target_architectures=_architectures(target))
         eagle3 = len(draft.config.feature_layers) == 3
     elif kind == "medusa":
         if args.format not in ("vllm", "medusa-original"):  # refuse before loading anything
@@ -155,8 +187,7 @@ def export(args) -> tuple[str, list[str]]:
         target = args.target or _default_target(src, "")
         msg = export_standalone(src, args.format, out, target, dtype)
         eagle3 = False
-    return f"wrote {args.out}: {msg}", serve_commands(kind, args.format, args.out, target, eagle3,
-                                                        args.speculative_tokens)
+    return f"wrote {args.out}: {msg}", serve_commands(kind, args.format, out, target, eagle3, k)
 
 
 def main(argv=None) -> int:

@@ -13,10 +13,11 @@ A recipe script builds its models and says what a step computes; the loop does t
   result is result.final. Numbers are logged as heldout/<metric>; other values are only returned.
 - Devices, DDP / FSDP / DeepSpeed and mixed precision come from accelerate; mixed_precision "auto" keeps the
   accelerate config's fp16 / bf16, else takes bf16 on a GPU that has it, else fp32.
-- Checkpoints: accelerate's save_state under output_dir/checkpoints/checkpoint_<n> (automatic naming, the
-  newest checkpoint_total_limit kept) every checkpoint_every steps and always at the last step, each closed by
-  a trainer_state.json (step, parameter shapes) written last: a folder without it is an interrupted save.
-  Started again, a run resumes from the newest complete one; with a larger max_steps a finished run goes on.
+- Checkpoints: accelerate's save_state under output_dir/checkpoints/checkpoint-<step> (named by the optimizer
+  step it holds; the newest checkpoint_total_limit kept) every checkpoint_every steps and always at the last
+  step, each closed by a trainer_state.json (step, parameter shapes) written last: a folder without it is an
+  interrupted save. Started again, a run resumes from the complete one of the highest step (folders of older
+  runs, named checkpoint_<index>, count too); with a larger max_steps a finished run goes on.
 - Every held-out evaluation is also appended to output_dir/heldout_history.jsonl with its step and the tokens
   trained on so far (`tokens_per_row` x rows seen; a recipe sets loop.tokens_per_row to the trained tokens of its
   rows): the scaling curve of the run, kept across resumes.
@@ -62,8 +63,9 @@ def _mixed_precision(value: str) -> str | None:
     return "bf16" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "no"
 
 
-def _number(path: Path) -> int:
-    return int(path.name.rsplit("_", 1)[1])
+def _step(path: Path) -> int:
+    """The optimizer step a complete checkpoint holds (its trainer_state.json: names changed with versions)."""
+    return json.loads((path / STATE_FILE).read_text())["step"]
 
 
 def _shapes(modules) -> dict[str, list[int]]:
@@ -102,8 +104,7 @@ class Loop:
             mixed_precision=_mixed_precision(cfg.mixed_precision),
             gradient_accumulation_steps=cfg.gradient_accumulation_steps,
             log_with=["wandb"] if cfg.wandb else None,
-            project_config=ProjectConfiguration(project_dir=cfg.output_dir, automatic_checkpoint_naming=True,
-                                                total_limit=max(1, cfg.checkpoint_total_limit)))
+            project_config=ProjectConfiguration(project_dir=cfg.output_dir))
         set_seed(cfg.seed)
         self.final_dir = cfg.export_dir or os.path.join(cfg.output_dir, "final")
         self.checkpoints = Path(cfg.output_dir) / "checkpoints"
@@ -148,13 +149,13 @@ class Loop:
 
     def _resume(self, shapes: dict) -> int:
         acc, folder = self.acc, self.cfg.output_dir
-        found = sorted(self.checkpoints.glob("checkpoint_*"), key=_number) if self.checkpoints.is_dir() else []
-        done = [p for p in found if (p / STATE_FILE).exists()]
+        found = list(self.checkpoints.glob("checkpoint[-_]*")) if self.checkpoints.is_dir() else []
+        done = sorted((p for p in found if (p / STATE_FILE).exists()), key=_step)
         legacy = sorted(self.checkpoints.glob("step_*")) if self.checkpoints.is_dir() else []
         if legacy and not done:  # would otherwise start over silently
             raise TrainError(f"{self.checkpoints} holds checkpoints of an older draftkit ({legacy[-1].name}, ...); "
                              f"finish that run with the version that wrote it, or move them away to start over")
-        if acc.is_main_process:  # interrupted saves: nothing to resume from, and in the way of the numbering
+        if acc.is_main_process:  # interrupted saves: nothing to resume from, and in the way of a new save
             for p in found:
                 if not (p / STATE_FILE).exists():
                     shutil.rmtree(p, ignore_errors=True)
@@ -175,7 +176,6 @@ class Loop:
             msg = " ".join(str(err).split())[:300]
             raise TrainError(f"checkpoint {last} is corrupt or incompatible ({type(err).__name__}: {msg}); delete it "
                              f"to resume from an older one, or start over with a new --output_dir") from None
-        acc.project_configuration.iteration = _number(last) + 1
         acc.print(f"resumed from {last} at step {state['step']}")
         return state["step"]
 
@@ -267,11 +267,15 @@ class Loop:
         """A checkpoint of everything prepared (accelerate's save_state), closed by its trainer_state.json."""
         acc = self.acc
         acc.wait_for_everyone()
-        folder = self.checkpoints / f"checkpoint_{acc.save_iteration}"
-        acc.save_state()
+        folder = self.checkpoints / f"checkpoint-{step}"
+        acc.save_state(str(folder))
         if acc.is_main_process:  # written last: a folder without it is an interrupted save
             (folder / STATE_FILE).write_text(json.dumps({"step": step, "max_steps": self.cfg.max_steps,
                                                          "shapes": self.shapes}))
+            done = sorted((p for p in self.checkpoints.glob("checkpoint[-_]*") if (p / STATE_FILE).exists()),
+                          key=_step)
+            for old in done[:-max(1, self.cfg.checkpoint_total_limit)]:
+                shutil.rmtree(old, ignore_errors=True)
         acc.wait_for_everyone()
 
     # ------------------------------------------------------------------------------------------ the end
@@ -313,5 +317,5 @@ def cli(main, argv=None) -> None:
     try:
         main(argv)
     except TrainError as err:
-        print(f"error: {err}", file=sys.stderr)
+        print(f"{os.path.basename(sys.argv[0])}: error: {err}", file=sys.stderr)
         sys.exit(2)

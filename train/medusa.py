@@ -1,6 +1,6 @@
 """Train Medusa heads for a target (Medusa-1: frozen target; Medusa-2: joint LoRA fine-tune).
 
-    accelerate launch --config_file recipes/accelerate/single.yaml train/medusa.py --config recipes/medusa/medusa1.yaml
+    python train/launch.py --config_file recipes/accelerate/single.yaml train/medusa.py --config recipes/medusa/medusa1.yaml
     python train/medusa.py --config recipes/medusa/medusa1.yaml          # one CPU
 
 Head k (0-based) reads the target's final hidden state h_t and predicts token

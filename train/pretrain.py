@@ -1,6 +1,6 @@
 """Pretrain the default target: a small Llama-architecture causal LM.
 
-    accelerate launch --config_file recipes/accelerate/single.yaml train/pretrain.py --config recipes/zoo/target.yaml
+    python train/launch.py --config_file recipes/accelerate/single.yaml train/pretrain.py --config recipes/zoo/target.yaml
     python train/pretrain.py --config recipes/zoo/target.yaml      # one CPU
 
 Trains the tokenizer first if `tokenizer_dir` holds none. The loop (train/loop.py) resumes a killed run

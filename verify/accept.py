@@ -59,14 +59,25 @@ class Sampling:
         return self.acceptance == "exact"
 
 
-def verifier_generator(seed: int | None, device) -> torch.Generator | None:
-    """The acceptance rule's random stream, on the logits' device. The seed is salted (hashed with a tag)
-    so that a drafter seeded with the same number draws an independent stream: a draft sampled from the
-    same uniforms that test it would no longer be tested fairly, and sampling would stop being exact."""
+def seeded_generator(seed: int | None, device, stream: str) -> torch.Generator | None:
+    """A random stream on `device` from `seed`, salted (hashed with the stream's name) so that streams of one
+    seed are independent. None without a seed (torch's global generator)."""
     if seed is None:
         return None
-    salted = int.from_bytes(hashlib.sha256(f"draftkit-verify:{seed}".encode()).digest()[:8], "little") >> 1
+    salted = int.from_bytes(hashlib.sha256(f"draftkit-{stream}:{seed}".encode()).digest()[:8], "little") >> 1
     return torch.Generator(device=device).manual_seed(salted)
+
+
+def verifier_generator(seed: int | None, device) -> torch.Generator | None:
+    """The acceptance rule's random stream, on the logits' device. Independent of the drafter's stream of the
+    same seed (`drafter_generator`): a draft sampled from the same uniforms that test it would no longer be
+    tested fairly, and sampling would stop being exact."""
+    return seeded_generator(seed, device, "verify")
+
+
+def drafter_generator(seed: int | None, device) -> torch.Generator | None:
+    """The drafters' random stream (DecodeState.generator): every sampled draft draw of a seeded run."""
+    return seeded_generator(seed, device, "draft")
 
 
 def target_probs(logits: torch.Tensor, s: Sampling) -> torch.Tensor:

@@ -189,6 +189,9 @@ class DecodeState:
                q uses the same one
     sampling:  the whole sampling setting of p (verify.accept.Sampling: temperature, top-k, top-p),
                so that a sampled q can be processed the same way; None under greedy
+    generator: the random stream every draft draw must use (on the target's device; drafters on
+               another device derive theirs from it), seeded from the run's seed: one seed then
+               reproduces the drafter's draws and the verifier's. None: torch's global generator
     """
 
     tokens: torch.Tensor
@@ -197,6 +200,7 @@ class DecodeState:
     greedy: bool
     temperature: float = 1.0
     sampling: object = None
+    generator: torch.Generator | None = None
 
 
 @dataclass

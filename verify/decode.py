@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from draftkit.verify.accept import Sampling, accept, verifier_generator
+from draftkit.verify.accept import Sampling, accept, drafter_generator, verifier_generator
 from draftkit.verify.budget import BudgetPolicy, make_policy
 from draftkit.verify.contract import DecodeState, Drafter, DraftTree, NoDrafter, StepResult
 from draftkit.verify.forward import Verifier
@@ -105,6 +105,7 @@ def generate(model, input_ids, drafter: Drafter | None = None, max_new_tokens: i
     verifier.kv.reserve(prompt.numel() + max_new_tokens + cap.max_nodes + 1)
     eos = eos_set(model, eos_token_id)
     gen = verifier_generator(seed, model.device)
+    draws = drafter_generator(seed, model.device)  # the drafter's stream
     layers = tuple(getattr(drafter, "hidden_layers", ()))
 
     drafter.reset(prompt)
@@ -129,7 +130,7 @@ def generate(model, input_ids, drafter: Drafter | None = None, max_new_tokens: i
                 given.max_depth = min(given.max_depth, room)
             if not given.empty:
                 state = DecodeState(buf[:T], T0, given, sampling.greedy, sampling.temperature or 1.0,
-                                    None if sampling.greedy else sampling)
+                                    None if sampling.greedy else sampling, draws)
                 tree = drafter.propose(state)
                 if verifier.max_len and len(tree) > verifier.max_len - T:  # a drafter that ignored the budget
                     tree = DraftTree.empty(prompt.device)

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from draftkit.verify.accept import Sampling, accept, verifier_generator
+from draftkit.verify.accept import Sampling, accept, drafter_generator, verifier_generator
 from draftkit.verify.budget import make_policy
 from draftkit.verify.cache import KVBuffer
 from draftkit.verify.contract import DecodeState, DraftTree, StepResult
@@ -141,6 +141,7 @@ def generate_packed(model, prompts, drafters, max_new_tokens: int = 64, sampling
         check_room(ver, p.numel(), max_new_tokens)
     eos = eos_set(model, eos_token_id)
     gen = verifier_generator(seed, model.device)
+    draws = drafter_generator(seed, model.device)  # the drafter's stream
     layers = tuple(sorted({i for d in drafters for i in getattr(d, "hidden_layers", ())}))
     lanes = [Lane(i, d, pol, p, p.tolist(), p, 0) for i, (d, pol, p) in enumerate(zip(drafters, policies, prompts))]
 
@@ -179,7 +180,7 @@ def generate_packed(model, prompts, drafters, max_new_tokens: int = 64, sampling
             if not given.empty:
                 state = DecodeState(torch.tensor(ln.tokens, device=model.device), ln.prompt.numel(), given,
                                     sampling.greedy, sampling.temperature or 1.0,
-                                    None if sampling.greedy else sampling)
+                                    None if sampling.greedy else sampling, draws)
                 tree = ln.drafter.propose(state)
             trees.append(tree.validate(vocab))
             givens.append(given)

@@ -1,0 +1,49 @@
+"""train/export.py as a newcomer meets it: what is not a drafter is refused with what to pass instead, and the
+printed serve commands name the target and the export the same way for every drafter, with the README's
+draft lengths."""
+import json
+import os
+import shutil
+
+import pytest
+
+from draftkit.models import resolve
+from draftkit.train.export import main as export_main
+
+
+def refused(capsys, *argv) -> str:
+    assert export_main(list(argv)) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("export: error: "), err
+    return err
+
+
+def test_what_is_not_a_drafter_is_refused(tmp_path, capsys):
+    target = resolve(None, "target")
+    out = tmp_path / "out"
+    assert "the target model itself" in refused(capsys, target, "--format", "vllm", "--out", str(out))
+    copy = tmp_path / "my-target"
+    shutil.copytree(target, copy)  # the target named by --target, wherever it lies
+    assert "the target model itself" in refused(capsys, str(copy), "--format", "vllm", "--out", str(out),
+                                                 "--target", str(copy))
+    run = tmp_path / "runs" / "eagle3"
+    (run / "final").mkdir(parents=True)
+    (run / "checkpoints").mkdir()
+    (run / "final" / "config.json").write_text("{}")
+    assert f"export its model, {run}/final" in refused(capsys, str(run), "--format", "vllm", "--out", str(out))
+    assert "holds no drafter" in refused(capsys, str(run / "checkpoints"), "--format", "vllm", "--out", str(out))
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("drafter, k", [("eagle3", 5), ("medusa", 4), ("draft", 4)])
+def test_serve_commands_name_absolute_folders_and_the_readme_draft_length(drafter, k, tmp_path, capsys,
+                                                                          monkeypatch):
+    monkeypatch.chdir(tmp_path)  # relative paths, as a user types them
+    src = os.path.relpath(resolve(None, drafter))
+    assert export_main([src, "--format", "vllm", "--out", "exp"]) == 0
+    printed = capsys.readouterr().out
+    vllm = next(line for line in printed.splitlines() if line.strip().startswith("vllm serve"))
+    target = os.path.abspath(resolve(None, "target"))
+    assert vllm.split()[2] == target, vllm
+    config = json.loads(vllm.split("--speculative-config ")[1].split("'")[1])
+    assert config["model"] == str(tmp_path / "exp") and config["num_speculative_tokens"] == k, config
