@@ -99,6 +99,7 @@ class EagleConfig:
     draft_vocab_size: int = 0  # reference layout: size of a reduced draft vocabulary (0: the target's)
     fc_bias: bool = False  # reference EAGLE-1: fc with a bias (SafeAILab's original checkpoints)
     norm_before_residual: bool = False  # reference EAGLE-3: residual taken after hidden_norm (speculators)
+    mask_token_id: int | None = None  # reference EAGLE-3 with parallel drafting (P-EAGLE, drafters/peagle.py)
 
     @classmethod
     def from_target(cls, target, feature_layers: Sequence[int] | None = None) -> "EagleConfig":

@@ -3,6 +3,7 @@
     accelerate launch --config_file recipes/accelerate/single.yaml train/eagle.py --config recipes/eagle/eagle2.yaml
     python train/eagle.py --config recipes/eagle/eagle2.yaml          # one CPU
     python train/eagle.py --config recipes/eagle/eagle3.yaml
+    python train/eagle.py --config recipes/eagle/peagle.yaml         # P-EAGLE (parallel_depths > 0)
 
 Each step runs the frozen target under no_grad over a batch of token blocks
 (or loads its features from the on-disk cache, cache_features) and trains the
@@ -46,9 +47,11 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache  # no
 
 from draftkit.drafters.eagle import EagleDraftModel, EagleDrafter  # noqa: E402
 from draftkit.drafters.eagle_reference import frequent_tokens, make_draft  # noqa: E402
+from draftkit.drafters.peagle import PEagleDraft, PEagleDrafter, make_peagle_draft  # noqa: E402
 from draftkit.train.config import TrainConfig, TrainError, field, parse_config, resolve_model, shared  # noqa: E402
 from draftkit.train.data import BlockSampler, heldout_batches, load_streams  # noqa: E402
 from draftkit.train.loop import Loop, cli  # noqa: E402
+from draftkit.train.peagle_loss import PEagleLoss  # noqa: E402
 
 
 @dataclass
@@ -77,6 +80,12 @@ class EagleTrainConfig(TrainConfig):
     regen_blocks: int = field(256, "blocks of regenerated text (prompt + continuation, seq_len tokens each)")
     regen_prompt_len: int = field(64, "corpus tokens that start each regenerated block")
     regen_temperature: float = field(1.0, "sampling temperature of the regeneration (0: greedy)")
+    parallel_depths: int = field(0, "P-EAGLE: > 0 trains the reference EAGLE-3 draft with parallel drafting over this "
+                                    "many depths in one forward (train/peagle_loss.py; needs layout reference, three "
+                                    "feature_layers and ttt_steps 1); 0: EAGLE's own loss")
+    mask_token_id: int = field(-1, "P-EAGLE placeholder token id (-1: the tokenizer's pad token, else its EOS)")
+    cod_ratio: float = field(0.7, "P-EAGLE COD sampling: depth d keeps about cod_ratio^(d-1) of the anchors")
+    cod_ratio_min: float = field(0.2, "P-EAGLE COD sampling: the least share of anchors any depth keeps")
     eval_tau_prompts: int = field(4, "held-out prompts for the final tau measurement (0: skip)")
     eval_new_tokens: int = field(64, "tokens generated per prompt for tau")
     output_dir: str = shared("output_dir", "runs/eagle2")
@@ -93,6 +102,12 @@ class EagleTrainConfig(TrainConfig):
             raise TrainError(f"layout must be draftkit or reference, got {self.layout!r}")
         if self.layout == "draftkit" and self.draft_vocab_size > 0:
             raise TrainError("draft_vocab_size needs layout: reference (draftkit's layout uses the full vocabulary)")
+        if self.parallel_depths and (self.layout != "reference" or len(self.feature_layers) != 3
+                                     or self.ttt_steps != 1):
+            raise TrainError("parallel_depths (P-EAGLE) needs layout: reference, three feature_layers and ttt_steps: 1 "
+                             f"(got {self.layout}, {self.feature_layers}, {self.ttt_steps})")
+        if self.parallel_depths < 0:
+            raise TrainError(f"parallel_depths must be >= 0, got {self.parallel_depths}")
 
 
 # --- data -------------------------------------------------------------------------------------------
@@ -250,6 +265,15 @@ class EagleLoss(nn.Module):
         return out
 
 
+class FeaturePEagleLoss(PEagleLoss):
+    """PEagleLoss fed like EagleLoss (ids, the feature layers concatenated, last), every position trained."""
+
+    def forward(self, ids, feats, last, noise: bool = True) -> dict:
+        h = self.draft.config.hidden_size
+        hidden = {k: feats[..., j * h:(j + 1) * h] for j, k in enumerate(self.draft.config.feature_layers)}
+        return super().forward(ids, torch.ones_like(ids, dtype=torch.bool), hidden, last)
+
+
 @torch.no_grad()
 def heldout_accuracy(loss_fn: EagleLoss, source: FeatureSource, stream: torch.Tensor, seq_len: int,
                      blocks: int) -> dict:
@@ -274,7 +298,7 @@ def measure_tau(target, draft, stream: torch.Tensor, prompts: int, new_tokens: i
 
     if prompts < 1 or stream.numel() < prompt_len + 1:
         return {}
-    drafter = EagleDrafter(target, draft.eval())
+    drafter = (PEagleDrafter if isinstance(draft, PEagleDraft) else EagleDrafter)(target, draft.eval())
     stride = max(prompt_len, (stream.numel() - prompt_len) // prompts)
     stats = None
     for i in range(prompts):
@@ -312,7 +336,12 @@ def main(argv=None):
                 n = max(1, vocab // 4) if len(cfg.feature_layers) > 1 else vocab
             if 0 < n < vocab:
                 draft_ids = frequent_tokens(train_stream, vocab, n)
-        draft = make_draft(target, cfg.feature_layers, cfg.layout, draft_ids, cfg.init_from_target)
+        if cfg.parallel_depths:
+            mask = cfg.mask_token_id if cfg.mask_token_id >= 0 else (
+                tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id)
+            draft = make_peagle_draft(target, cfg.feature_layers, mask, draft_ids, cfg.init_from_target)
+        else:
+            draft = make_draft(target, cfg.feature_layers, cfg.layout, draft_ids, cfg.init_from_target)
         draft.config.target_name = target_path
         n_params = sum(p.numel() for p in draft.parameters())
         acc.print(f"EAGLE draft ({cfg.layout} layout): {n_params:,} parameters, features from hidden states "
@@ -334,7 +363,9 @@ def main(argv=None):
                        cycle) if cfg.cache_features else None
         source = FeatureSource(cfg, target, draft.config, sampler, fkey)
 
-        (loss_fn,) = loop.prepare(EagleLoss(draft, target, cfg))
+        objective = FeaturePEagleLoss(draft, target, cfg.parallel_depths, cfg.cod_ratio, cfg.cod_ratio_min) \
+            if cfg.parallel_depths else EagleLoss(draft, target, cfg)
+        (loss_fn,) = loop.prepare(objective)
 
         def step_loss(i):
             ids, feats, last = source.get(i)
@@ -344,7 +375,7 @@ def main(argv=None):
         def evaluate():
             return heldout_accuracy(loop.unwrap(loss_fn), source, heldout_stream, cfg.seq_len, cfg.eval_blocks)
 
-        result = loop.run(step_loss, evaluate, desc="eagle", show=("acc_0",))
+        result = loop.run(step_loss, evaluate, desc="eagle", show=("acc_1" if cfg.parallel_depths else "acc_0",))
         history = result.history
         if result.stopped:
             return {"resumed_from": result.start_step, "stopped_at": result.step, "history": history}
@@ -358,7 +389,9 @@ def main(argv=None):
             if decode:
                 loop.log({"heldout/tau": decode["tau"]}, step=cfg.max_steps)
             report = {
-                "heldout_top1": final.get("acc_0"),
+                "heldout_top1": final.get("acc_1" if cfg.parallel_depths else "acc_0"),
+                "heldout_top1_by_depth": [final[f"acc_{d}"] for d in range(1, cfg.parallel_depths + 1)
+                                          if f"acc_{d}" in final] or None,
                 "heldout_top1_by_step": [final[f"acc_{i}"] for i in range(cfg.ttt_steps) if f"acc_{i}" in final],
                 "heldout_token_loss": final.get("token_loss_0"), "heldout_feature_loss": final.get("feature_loss_0"),
                 **decode,

@@ -1,0 +1,176 @@
+"""Train a DFlash block drafter (drafters/dflash.py) for a frozen target.
+
+    accelerate launch --config_file recipes/accelerate/single.yaml train/dflash.py --config recipes/dflash/dflash.yaml
+    python train/dflash.py --config recipes/dflash/dflash.yaml          # one CPU
+
+Each step runs the frozen target under no_grad over a batch of token blocks for the hidden states the draft
+fuses and its last hidden state, then trains the draft with train/dflash_loss.py: blocks of block_size
+positions cut at random anchors ([anchor token, mask, ...]), every mask position predicted in one forward
+from the context before the anchor, soft cross-entropy against the target's distributions, slot j weighted
+exp(-(j - 1) / gamma). The draft reads the target's embedding and LM head; only its layers, fc and norms train.
+
+At the end it measures held-out per-slot top-1 agreement, the greedy accepted length per block it implies,
+and the mean accepted length tau of the drafter on held-out prompts, saves the draft folder (export it with
+train/export.py --format vllm or speculators) and prints a JSON report.
+"""
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import torch  # noqa: E402
+from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
+
+from draftkit.drafters.dflash import DFlashDrafter, make_dflash_draft  # noqa: E402
+from draftkit.train.config import TrainConfig, TrainError, field, parse_config, resolve_model, shared  # noqa: E402
+from draftkit.train.data import BlockSampler, heldout_batches, load_streams  # noqa: E402
+from draftkit.train.dflash_loss import DFlashLoss  # noqa: E402
+from draftkit.train.loop import Loop, cli  # noqa: E402
+
+
+@dataclass
+class DFlashTrainConfig(TrainConfig):
+    target: str = field("default", "target model (a folder, a hub id, or default: the shipped target); its "
+                                   "tokenizer is used too")
+    block_size: int = field(9, "B: the root and B - 1 masked positions drafted in one forward (B - 1 draft tokens "
+                               "per step at most)")
+    draft_layers: int = field(3, "decoder layers of the draft")
+    target_layers: list[int] = field([], "hidden-state indices fused into the context (0 = embeddings, k = the "
+                                         "stream entering layer k); [] = z-lab's choice, one per draft layer "
+                                         "spread over layers 1 .. L - 3")
+    mask_token_id: int = field(-1, "the mask token's id (its target embedding is the masked positions' input; -1: "
+                                   "the tokenizer's pad token, else its EOS)")
+    anchors: int = field(16, "blocks cut from each training sequence per step (random anchors)")
+    gamma: float = field(4.0, "loss weight of slot j is exp(-(j - 1) / gamma)")
+    eval_tau_prompts: int = field(4, "held-out prompts for the final tau measurement (0: skip)")
+    eval_new_tokens: int = field(64, "tokens generated per prompt for tau")
+    output_dir: str = shared("output_dir", "runs/dflash")
+    lr: float = field(6e-4, "peak learning rate")
+    warmup_steps: int = shared("warmup_steps", 50)
+    max_steps: int = shared("max_steps", 500)
+    grad_clip: float = shared("grad_clip", 1.0)
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.block_size < 2 or self.draft_layers < 1 or self.anchors < 1:
+            raise TrainError(f"block_size must be >= 2, draft_layers and anchors >= 1; got {self.block_size}, "
+                             f"{self.draft_layers}, {self.anchors}")
+        if self.seq_len <= self.block_size:
+            raise TrainError(f"seq_len ({self.seq_len}) must exceed block_size ({self.block_size})")
+
+
+class TargetBatches:
+    """(ids, loss_mask, hidden {layer: (B, T, H)}, last) of the frozen target over sampled token blocks
+    (every position trained). The shared target-data module replaces this once it lands."""
+
+    def __init__(self, target, layers: list[int]):
+        self.target, self.layers = target, layers
+
+    @torch.no_grad()
+    def __call__(self, ids: torch.Tensor):
+        ids = ids.to(self.target.device)
+        hs = self.target(input_ids=ids, output_hidden_states=True).hidden_states
+        return ids, torch.ones_like(ids, dtype=torch.bool), {k: hs[k].float() for k in self.layers}, hs[-1].float()
+
+
+@torch.no_grad()
+def heldout(loss_fn: DFlashLoss, batches: TargetBatches, stream, seq_len: int, blocks: int) -> dict:
+    """Held-out loss, per-slot agreement and accepted length over consecutive held-out blocks (fixed anchors)."""
+    was = loss_fn.training
+    loss_fn.eval()
+    sums, count = {}, 0
+    gen = torch.Generator().manual_seed(0)
+    for rows in heldout_batches(stream, seq_len, blocks, batches.target.device):
+        res = loss_fn(*batches(rows), gen=gen)
+        for k, v in res.items():
+            sums[k] = sums.get(k, 0.0) + float(v) * rows.shape[0]
+        count += rows.shape[0]
+    loss_fn.train(was)
+    return {k: v / max(1, count) for k, v in sums.items()}
+
+
+@torch.no_grad()
+def measure_tau(target, draft, stream: torch.Tensor, prompts: int, new_tokens: int, prompt_len: int = 128) -> dict:
+    """Mean accepted length of the drafter's default chain/tree on held-out prompts, greedy, fixed budget."""
+    from draftkit.verify.decode import generate
+
+    if prompts < 1 or stream.numel() < prompt_len + 1:
+        return {}
+    drafter = DFlashDrafter(target, draft.eval(), max_depth=min(4, draft.config.block_size - 1))
+    stride = max(prompt_len, (stream.numel() - prompt_len) // prompts)
+    stats = None
+    for i in range(prompts):
+        p = stream[i * stride: i * stride + prompt_len].long()
+        if p.numel() < prompt_len:
+            break
+        out = generate(target, p.to(target.device), drafter=drafter, max_new_tokens=new_tokens, eos_token_id=[],
+                       budget="fixed")
+        stats = out.stats if stats is None else stats.merge(out.stats)
+    return {} if stats is None else {"tau": stats.tau, "acceptance_by_depth": stats.acceptance_by_depth()}
+
+
+def main(argv=None):
+    cfg = parse_config(DFlashTrainConfig, argv, description=__doc__)
+    target_path = resolve_model(cfg.target, "target")
+    with Loop(cfg, "draftkit-dflash") as loop:
+        acc = loop.acc
+        tokenizer = AutoTokenizer.from_pretrained(target_path)
+        target = AutoModelForCausalLM.from_pretrained(target_path, dtype=torch.float32).to(acc.device).eval()
+        target.requires_grad_(False)
+        corpus, train_stream, heldout_stream = load_streams(cfg, tokenizer, acc)
+        mask = cfg.mask_token_id if cfg.mask_token_id >= 0 else (
+            tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id)
+        torch.manual_seed(cfg.seed)
+        try:
+            draft = make_dflash_draft(target, cfg.block_size, mask, cfg.draft_layers, cfg.target_layers or None)
+        except ValueError as e:
+            raise TrainError(str(e)) from None
+        draft.config.target_name = target_path
+        n_params = sum(p.numel() for p in draft.parameters())
+        acc.print(f"DFlash draft: {n_params:,} parameters, {cfg.draft_layers} layer(s), block {cfg.block_size}, "
+                  f"context from hidden states {draft.config.target_layers}, mask token {mask}")
+        batches = TargetBatches(target, draft.config.target_layers)
+        sampler = BlockSampler(train_stream, cfg.seq_len, cfg.batch_size, loop.data_seed)
+        (loss_fn,) = loop.prepare(DFlashLoss(draft, target, cfg.anchors, cfg.gamma))
+
+        def step_loss(i):
+            gen = torch.Generator().manual_seed(cfg.seed * 1_000_003 + i)  # anchors depend only on the step
+            res = loss_fn(*batches(sampler.batch(i)), gen=gen)
+            return res.pop("loss"), res
+
+        def evaluate():
+            return heldout(loop.unwrap(loss_fn), batches, heldout_stream, cfg.seq_len, cfg.eval_blocks)
+
+        result = loop.run(step_loss, evaluate, desc="dflash", show=("acc_1", "accepted_length"))
+        history = result.history
+        if result.stopped:
+            return {"resumed_from": result.start_step, "stopped_at": result.step, "history": history}
+        final, model = result.final, loop.unwrap(loss_fn)
+        report = {}
+        if acc.is_main_process:
+            out = loop.final_dir
+            model.draft.save_pretrained(out)
+            decode = measure_tau(target, model.draft, heldout_stream, cfg.eval_tau_prompts, cfg.eval_new_tokens)
+            model.draft.float().train()
+            if decode:
+                loop.log({"heldout/tau": decode["tau"]}, step=cfg.max_steps)
+            report = {
+                "heldout_loss": final.get("loss"), "heldout_top1": final.get("acc_1"),
+                "heldout_top1_by_slot": [final[f"acc_{j}"] for j in range(1, cfg.block_size) if f"acc_{j}" in final],
+                "heldout_accepted_length": final.get("accepted_length"), **decode,
+                "params": n_params, "steps": cfg.max_steps, "resumed_from": result.start_step,
+                "first_train": history[0] if history else None, "last_train": history[-1] if history else None,
+                "block_size": cfg.block_size, "draft_layers": cfg.draft_layers,
+                "target_layers": model.draft.config.target_layers, "mask_token_id": mask,
+                "target": target_path, "corpus": corpus.source, "corpus_fingerprint": corpus.fingerprint,
+                "output": out,
+            }
+            loop.write_report(report)
+    return {**report, "history": history}
+
+
+if __name__ == "__main__":
+    cli(main)
