@@ -40,7 +40,7 @@ from torch import nn
 from transformers.models.llama.modeling_llama import (LlamaMLP, LlamaRMSNorm, LlamaRotaryEmbedding,
                                                       apply_rotary_pos_emb)
 
-from draftkit.drafters.eagle import _target_name, target_shape
+from draftkit.drafters.eagle import _target_name, check_target_shape, target_shape
 from draftkit.drafters.eagle_reference import llama_config, llama_layer_config
 from draftkit.drafters.tree_search import draft_from_depths
 from draftkit.verify.contract import Budget, DecodeState, DraftTree, StepResult
@@ -211,15 +211,7 @@ class DFlashDraft(nn.Module):
 
     # --- files ---------------------------------------------------------------------------------------
     def check_target(self, target) -> None:
-        c = self.config
-        hidden, vocab, layers = target_shape(target)
-        if (hidden, vocab, layers) != (c.hidden_size, c.vocab_size, c.num_target_layers):
-            made = c.target_name or "an unnamed target"
-            name = _target_name(target) or type(target).__name__
-            raise ValueError(f"DFlash draft mismatch: the draft was made for {made} (hidden size {c.hidden_size}, "
-                             f"vocabulary {c.vocab_size}, {c.num_target_layers} layers) but the target {name} has "
-                             f"hidden size {hidden}, vocabulary {vocab}, {layers} layers; train a draft for this "
-                             "target with train/dflash.py")
+        check_target_shape(self.config, target, "DFlash", "train/dflash.py")
 
     def save_pretrained(self, path: str, dtype: torch.dtype = torch.float16) -> None:
         from safetensors.torch import save_file

@@ -17,8 +17,6 @@ speculators (vllm-project/speculators models/dflash): speculators_model_type "df
 """
 from __future__ import annotations
 
-import os
-
 import torch
 
 from draftkit.drafters.dflash import KIND, DFlashConfig, DFlashDraft
@@ -151,8 +149,4 @@ def _qwen3_fields(draft: DFlashDraft, dtype: torch.dtype) -> dict:
     return fields
 
 
-def is_dflash_folder(path: str) -> bool:
-    return os.path.exists(os.path.join(path, "config.json")) and is_dflash(read_config(path))
-
-
-__all__ = ["DFLASH_FORMATS", "export_dflash", "is_dflash", "is_dflash_folder", "load_dflash_draft"]
+__all__ = ["DFLASH_FORMATS", "export_dflash", "is_dflash", "load_dflash_draft"]

@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from draftkit.drafters.eagle import EagleDrafter
-from draftkit.drafters.eagle_reference import Eagle3Draft, reference_config
+from draftkit.drafters.eagle_reference import Eagle3Draft
 from draftkit.drafters.tree_search import draft_from_depths
 from draftkit.verify.contract import DecodeState, DraftTree
 
@@ -54,15 +54,6 @@ def make_peagle_draft(target, feature_layers, mask_token_id: int, draft_ids: tor
     state.update(base.state_dict())
     draft.load_state_dict(state)
     return draft.float()
-
-
-def peagle_config(target, feature_layers, mask_token_id: int, draft_vocab_size: int = 0):
-    config = reference_config(target, feature_layers, draft_vocab_size)
-    if len(config.feature_layers) != 3:
-        raise ValueError(f"P-EAGLE is EAGLE-3 with parallel drafting: it fuses three target layers, got "
-                         f"{config.feature_layers}")
-    config.mask_token_id = int(mask_token_id)
-    return config
 
 
 class PEagleDrafter(EagleDrafter):
@@ -101,4 +92,4 @@ class PEagleDrafter(EagleDrafter):
                                  self.sampling)
 
 
-__all__ = ["PEagleDraft", "PEagleDrafter", "make_peagle_draft", "peagle_config"]
+__all__ = ["PEagleDraft", "PEagleDrafter", "make_peagle_draft"]

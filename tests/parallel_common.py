@@ -2,16 +2,14 @@
 the exact joint of two sampled tokens, the greedy-equality check and a tiny training setup."""
 from __future__ import annotations
 
-import itertools
-
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from draftkit.verify.accept import Sampling
 from draftkit.verify.decode import generate
+from tests.test_sampled_trees import VE, chi2_pvalue, exact_tokens_2_3  # noqa: F401 - shared with these tests
 
 PROMPTS = [torch.tensor([5]), torch.tensor([3, 17, 42, 8, 8, 61, 0, 9]), torch.arange(20) % 7 + 30]
-VE = 8  # vocabulary of the sampling tests: 64 cells for the joint of two tokens
 
 
 def tiny_target(layers: int = 4, vocab: int = 64, hidden: int = 32, seed: int = 0, logit_scale: float = 1.0):
@@ -70,18 +68,6 @@ def forwards_per_drafting_step(target, drafter, module, prompt, new_tokens: int 
     return per_step
 
 
-def exact_tokens_2_3(model, prompt) -> torch.Tensor:
-    """Brute force: P(t2, t3) of the 2nd and 3rd generated tokens at temperature 1 (t1 summed out)."""
-    with torch.no_grad():
-        p1 = model(input_ids=prompt[None]).logits[0, -1].softmax(-1)
-        seqs2 = torch.cat([prompt.expand(VE, -1), torch.arange(VE)[:, None]], 1)
-        p2 = model(input_ids=seqs2).logits[:, -1].softmax(-1)
-        pairs = torch.tensor(list(itertools.product(range(VE), range(VE))))
-        seqs3 = torch.cat([prompt.expand(VE * VE, -1), pairs], 1)
-        p3 = model(input_ids=seqs3).logits[:, -1].softmax(-1).view(VE, VE, VE)
-    return (p1[:, None, None] * p2[:, :, None] * p3).sum(0)
-
-
 def sampled_counts(target, prompt, drafter, n: int, max_new_tokens: int = 4) -> tuple[torch.Tensor, int]:
     """Joint counts of the 2nd and 3rd generated tokens over n seeds, and the draft tokens accepted."""
     counts, accepted = torch.zeros(VE, VE), 0
@@ -92,6 +78,15 @@ def sampled_counts(target, prompt, drafter, n: int, max_new_tokens: int = 4) -> 
         counts[t[1], t[2]] += 1
         accepted += sum(s.accepted for s in out.stats.steps)
     return counts, accepted
+
+
+def assert_follows(counts: torch.Tensor, exact: torch.Tensor, accepted: int, exact_rule: bool) -> None:
+    """The exact rule fits the target's joint (and drafts were accepted); a wrong one fails by far."""
+    pvalue = chi2_pvalue(counts, exact)
+    if exact_rule:
+        assert accepted > 200 and pvalue > 1e-3, (accepted, pvalue)
+    else:
+        assert pvalue < 1e-6, pvalue
 
 
 def shifted_q(drafter):

@@ -26,6 +26,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
 
 from draftkit.drafters.dflash import DFlashDrafter, make_dflash_draft  # noqa: E402
 from draftkit.train.config import TrainConfig, TrainError, field, parse_config, resolve_model, shared  # noqa: E402
+from draftkit.train.decode_eval import measure_tau  # noqa: E402
 from draftkit.train.data import BlockSampler, heldout_batches, load_streams  # noqa: E402
 from draftkit.train.dflash_loss import DFlashLoss  # noqa: E402
 from draftkit.train.loop import Loop, cli  # noqa: E402
@@ -92,26 +93,6 @@ def heldout(loss_fn: DFlashLoss, batches: TargetBatches, stream, seq_len: int, b
     return {k: v / max(1, count) for k, v in sums.items()}
 
 
-@torch.no_grad()
-def measure_tau(target, draft, stream: torch.Tensor, prompts: int, new_tokens: int, prompt_len: int = 128) -> dict:
-    """Mean accepted length of the drafter's default chain/tree on held-out prompts, greedy, fixed budget."""
-    from draftkit.verify.decode import generate
-
-    if prompts < 1 or stream.numel() < prompt_len + 1:
-        return {}
-    drafter = DFlashDrafter(target, draft.eval(), max_depth=min(4, draft.config.block_size - 1))
-    stride = max(prompt_len, (stream.numel() - prompt_len) // prompts)
-    stats = None
-    for i in range(prompts):
-        p = stream[i * stride: i * stride + prompt_len].long()
-        if p.numel() < prompt_len:
-            break
-        out = generate(target, p.to(target.device), drafter=drafter, max_new_tokens=new_tokens, eos_token_id=[],
-                       budget="fixed")
-        stats = out.stats if stats is None else stats.merge(out.stats)
-    return {} if stats is None else {"tau": stats.tau, "acceptance_by_depth": stats.acceptance_by_depth()}
-
-
 def main(argv=None):
     cfg = parse_config(DFlashTrainConfig, argv, description=__doc__)
     target_path = resolve_model(cfg.target, "target")
@@ -153,7 +134,8 @@ def main(argv=None):
         if acc.is_main_process:
             out = loop.final_dir
             model.draft.save_pretrained(out)
-            decode = measure_tau(target, model.draft, heldout_stream, cfg.eval_tau_prompts, cfg.eval_new_tokens)
+            drafter = DFlashDrafter(target, model.draft.eval(), max_depth=min(4, cfg.block_size - 1))
+            decode = measure_tau(target, drafter, heldout_stream, cfg.eval_tau_prompts, cfg.eval_new_tokens)
             model.draft.float().train()
             if decode:
                 loop.log({"heldout/tau": decode["tau"]}, step=cfg.max_steps)

@@ -15,8 +15,6 @@ Pure over a batch: forward(ids (B, T), loss_mask (B, T), hidden {layer: (B, T, H
 """
 from __future__ import annotations
 
-import math
-
 import torch
 from torch import nn
 
@@ -86,9 +84,4 @@ class DFlashLoss(nn.Module):
         return res
 
 
-def decay_weights(block: int, gamma: float) -> list[float]:
-    """The per-slot loss weights (slot 0 first), for reports."""
-    return [0.0] + [math.exp(-(j - 1) / gamma) for j in range(1, block)]
-
-
-__all__ = ["DFlashLoss", "block_mask", "decay_weights", "pick_anchors"]
+__all__ = ["DFlashLoss", "block_mask", "pick_anchors"]

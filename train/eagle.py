@@ -48,6 +48,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache  # no
 from draftkit.drafters.eagle import EagleDraftModel, EagleDrafter  # noqa: E402
 from draftkit.drafters.eagle_reference import frequent_tokens, make_draft  # noqa: E402
 from draftkit.drafters.peagle import PEagleDraft, PEagleDrafter, make_peagle_draft  # noqa: E402
+from draftkit.train import decode_eval  # noqa: E402
 from draftkit.train.config import TrainConfig, TrainError, field, parse_config, resolve_model, shared  # noqa: E402
 from draftkit.train.data import BlockSampler, heldout_batches, load_streams  # noqa: E402
 from draftkit.train.loop import Loop, cli  # noqa: E402
@@ -291,26 +292,10 @@ def heldout_accuracy(loss_fn: EagleLoss, source: FeatureSource, stream: torch.Te
     return {k: v / max(1, count) for k, v in sums.items()}
 
 
-@torch.no_grad()
 def measure_tau(target, draft, stream: torch.Tensor, prompts: int, new_tokens: int, prompt_len: int = 128) -> dict:
-    """Mean accepted length of the EAGLE-2 tree (default flags) on held-out prompts, greedy."""
-    from draftkit.verify.decode import generate
-
-    if prompts < 1 or stream.numel() < prompt_len + 1:
-        return {}
+    """Mean accepted length of the EAGLE-2 tree (P-EAGLE: its tree; default flags) on held-out prompts, greedy."""
     drafter = (PEagleDrafter if isinstance(draft, PEagleDraft) else EagleDrafter)(target, draft.eval())
-    stride = max(prompt_len, (stream.numel() - prompt_len) // prompts)
-    stats = None
-    for i in range(prompts):
-        p = stream[i * stride: i * stride + prompt_len].long()
-        if p.numel() < prompt_len:
-            break
-        out = generate(target, p.to(target.device), drafter=drafter, max_new_tokens=new_tokens, eos_token_id=[],
-                       budget="fixed")  # the drafter's own tree every step: a measure of the draft, not of the machine
-        stats = out.stats if stats is None else stats.merge(out.stats)
-    if stats is None:
-        return {}
-    return {"tau": stats.tau, "acceptance_by_depth": stats.acceptance_by_depth(), "mean_tree_size": stats.mean_tree_size}
+    return decode_eval.measure_tau(target, drafter, stream, prompts, new_tokens, prompt_len)
 
 
 # --- main -------------------------------------------------------------------------------------------

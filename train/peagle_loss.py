@@ -72,15 +72,15 @@ class PEagleLoss(nn.Module):
         out = draft(x, embed(tok).float(), attention_mask=mask[None, None], position_ids=pos[None])  # (B, L, H)
         logp = draft.draft_logits(out).float().log_softmax(-1)  # (B, L, Vd)
         goal = pos + 1  # the element predicts x_{pos + 2} from the target's distribution at pos + 1
-        with torch.no_grad():
-            p_logits = head(last[:, goal].to(head.weight.dtype)).float()  # (B, L, V)
-            top = p_logits.argmax(-1)
+        with torch.no_grad():  # the target's distributions, once per position (elements share positions)
+            p_logits = head(last[:, 1:t - 1].to(head.weight.dtype)).float()  # (B, T - 2, V) at positions 1..T-2
+            top = p_logits.argmax(-1)[:, goal - 1]  # (B, L)
             weight = loss_mask[:, goal + 1].float()
             ids_d = draft.vocab_ids()
             if ids_d is not None:  # the draft vocabulary: p restricted to it, where its top-1 lies in it
                 weight = weight * draft.t2d[top].float()
                 p_logits = p_logits[..., ids_d]
-            p = p_logits.softmax(-1)
+            p = p_logits.softmax(-1)[:, goal - 1]  # (B, L, Vd)
         ce = -(p * logp).sum(-1)  # (B, L)
         loss = (ce * weight).sum() / weight.sum().clamp_min(1.0)
         res = {"loss": loss}
