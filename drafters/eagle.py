@@ -86,6 +86,20 @@ def normalize_layers(feature_layers: Sequence[int] | None, num_layers: int) -> l
     return out
 
 
+def check_target_shape(config, target, method: str, script: str) -> None:
+    """A one-line ValueError naming both when `config` (hidden_size, vocab_size, num_target_layers,
+    target_name) was made for a target of another shape than `target`."""
+    c = config
+    hidden, vocab, layers = target_shape(target)
+    if (hidden, vocab, layers) != (c.hidden_size, c.vocab_size, c.num_target_layers):
+        made = c.target_name or "an unnamed target"
+        name = _target_name(target) or type(target).__name__
+        raise ValueError(
+            f"{method} draft mismatch: the draft was made for {made} (hidden size {c.hidden_size}, vocabulary "
+            f"{c.vocab_size}, {c.num_target_layers} layers) but the target {name} has hidden size {hidden}, "
+            f"vocabulary {vocab}, {layers} layers; train a draft for this target with {script}")
+
+
 @dataclass
 class EagleConfig:
     hidden_size: int
@@ -99,6 +113,7 @@ class EagleConfig:
     draft_vocab_size: int = 0  # reference layout: size of a reduced draft vocabulary (0: the target's)
     fc_bias: bool = False  # reference EAGLE-1: fc with a bias (SafeAILab's original checkpoints)
     norm_before_residual: bool = False  # reference EAGLE-3: residual taken after hidden_norm (speculators)
+    mask_token_id: int | None = None  # reference EAGLE-3 with parallel drafting (P-EAGLE, drafters/peagle.py)
 
     @classmethod
     def from_target(cls, target, feature_layers: Sequence[int] | None = None) -> "EagleConfig":
@@ -193,15 +208,7 @@ class EagleDraftModel(nn.Module):
     # --- compatibility and files ----------------------------------------------------------------
     def check_target(self, target) -> None:
         """Raise ValueError when this draft was made for a target of another shape."""
-        c = self.config
-        hidden, vocab, layers = target_shape(target)
-        if (hidden, vocab, layers) != (c.hidden_size, c.vocab_size, c.num_target_layers):
-            made = c.target_name or "an unnamed target"
-            name = _target_name(target) or type(target).__name__
-            raise ValueError(
-                f"EAGLE draft mismatch: the draft was made for {made} (hidden size {c.hidden_size}, vocabulary "
-                f"{c.vocab_size}, {c.num_target_layers} layers) but the target {name} has hidden size {hidden}, "
-                f"vocabulary {vocab}, {layers} layers; train a draft for this target with train/eagle.py")
+        check_target_shape(self.config, target, "EAGLE", "train/eagle.py")
 
     def save_pretrained(self, path: str, dtype: torch.dtype = torch.float16) -> None:
         from safetensors.torch import save_file

@@ -332,6 +332,10 @@ class Eagle3Draft(_ReferenceDraft):
 
 
 def draft_class(config: EagleConfig):
+    if config.mask_token_id is not None:
+        from draftkit.drafters.peagle import PEagleDraft
+
+        return PEagleDraft
     return Eagle3Draft if len(config.feature_layers) > 1 else Eagle1Draft
 
 

@@ -51,6 +51,10 @@ def export_eagle(draft, fmt: str, out: str, dtype: torch.dtype = torch.float16, 
     llama = _llama_export_fields(draft, dtype)
     meta = _draftkit_meta(draft, fmt)
     name = target_name or c.target_name
+    parallel = c.mask_token_id is not None  # P-EAGLE: EAGLE-3 + mask_hidden + the placeholder token
+    if parallel and fmt == "sglang":
+        raise ExportRefused("SGLang has no parallel drafting for EAGLE-3 drafts; export P-EAGLE with --format vllm "
+                            "(vLLM eagle3 with parallel_drafting) or speculators")
     if len(c.feature_layers) == 3:  # EAGLE-3
         ids = [int(k) for k in c.feature_layers]  # hidden_states[k] = the residual stream entering layer k
         if fmt == "sglang" and c.norm_before_residual:
@@ -60,10 +64,12 @@ def export_eagle(draft, fmt: str, out: str, dtype: torch.dtype = torch.float16, 
         if fmt == "speculators":
             layer = {**llama}
             layer.pop("torch_dtype")
+            algorithm = "peagle" if parallel else "eagle3"
             cfg = {
-                "speculators_model_type": "eagle3", "architectures": ["Eagle3Speculator"],
+                "speculators_model_type": algorithm,
+                "architectures": ["PEagleSpeculator" if parallel else "Eagle3Speculator"],
                 "speculators_config": {
-                    "algorithm": "eagle3",
+                    "algorithm": algorithm,
                     "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": int(speculative_tokens),
                                           "verifier_accept_k": 1, "accept_tolerance": 0.0}],
                     "default_proposal_method": "greedy",
@@ -74,6 +80,8 @@ def export_eagle(draft, fmt: str, out: str, dtype: torch.dtype = torch.float16, 
                 "norm_before_residual": bool(c.norm_before_residual), "eagle_aux_hidden_state_layer_ids": ids,
                 "torch_dtype": llama["torch_dtype"], "draftkit": meta,
             }
+            if parallel:  # speculators' peagle config; vLLM maps it to pard_token
+                cfg["mask_token_id"] = int(c.mask_token_id)
             state = {("layers.0." + k[len("midlayer."):]) if k.startswith("midlayer.") else k: v
                      for k, v in state.items()}
         else:
@@ -86,8 +94,13 @@ def export_eagle(draft, fmt: str, out: str, dtype: torch.dtype = torch.float16, 
                    "draftkit": meta}
             if c.norm_before_residual:
                 cfg["norm_before_residual"] = True
+            if parallel:  # vLLM's parallel drafting reads pard_token, else ptd_token_id (the same id here)
+                cfg["pard_token"] = cfg["ptd_token_id"] = int(c.mask_token_id)
         write_weights(state, out, dtype)
         write_config(cfg, out)
+        if parallel:
+            return (f"P-EAGLE draft ({draft.draft_vocab} of {c.vocab_size} tokens, fused layers {ids}, mask token "
+                    f"{c.mask_token_id}) as {fmt}")
         return f"EAGLE-3 draft ({draft.draft_vocab} of {c.vocab_size} tokens, fused layers {ids}) as {fmt}"
     # EAGLE-1/2
     if fmt == "speculators":
@@ -205,8 +218,10 @@ def export_standalone(path: str, fmt: str, out: str, target_path: str, dtype: to
 
 
 def kind_of(path: str) -> str:
-    """eagle, medusa or standalone."""
+    """eagle, medusa, dflash or standalone."""
     fmt = detect(path)
+    if "dflash" in fmt:
+        return "dflash"
     if "eagle" in fmt or fmt == "speculators":
         return "eagle"
     if "medusa" in fmt:

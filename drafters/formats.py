@@ -97,8 +97,15 @@ def _strip(state: dict, prefix: str) -> dict:
 
 def detect(path: str) -> str:
     """draftkit-eagle, draftkit-eagle-reference, draftkit-medusa, eagle3, speculators, eagle1,
-    medusa-vllm, medusa-original or standalone (a plain Hugging Face causal LM)."""
+    medusa-vllm, medusa-original, draftkit-dflash, dflash (z-lab / vLLM), speculators-dflash or standalone
+    (a plain Hugging Face causal LM). P-EAGLE folders are EAGLE-3 ones (eagle3, speculators, draftkit's)."""
     cfg = read_config(path)
+    if cfg.get("kind") == "dflash":
+        return "draftkit-dflash"
+    if cfg.get("speculators_model_type") == "dflash":
+        return "speculators-dflash"
+    if "dflash_config" in cfg or "DFlashDraftModel" in (cfg.get("architectures") or []):
+        return "dflash"
     if cfg.get("kind") == "eagle":
         return "draftkit-eagle" if cfg.get("layout", "draftkit") == "draftkit" else "draftkit-eagle-reference"
     if cfg.get("model_type") == "draftkit-medusa":
@@ -203,9 +210,9 @@ def _import_public_eagle(path: str, cfg: dict, fmt: str, target):
     state = _strip(read_weights(path), "model.")
     layer_src = dict(cfg.get("transformer_layer_config") or {}) if fmt == "speculators" else dict(cfg)
     if fmt == "speculators":
-        if cfg.get("speculators_model_type") != "eagle3":
+        if cfg.get("speculators_model_type") not in ("eagle3", "peagle"):
             raise ValueError(f"{path}: speculators type {cfg.get('speculators_model_type')!r} is not supported "
-                             "(vLLM consumes only eagle3 in this format)")
+                             "here (EAGLE loads eagle3 and peagle; dflash loads with the dflash drafter)")
         state = {k.replace("layers.0.", "midlayer.", 1) if k.startswith("layers.0.") else k: v
                  for k, v in state.items()}
         fmt = "eagle3"
@@ -268,7 +275,9 @@ def _import_public_eagle(path: str, cfg: dict, fmt: str, target):
             else cfg.get("norm_before_residual", False)
         config = EagleConfig(hidden, vocab, num_layers, feats, made, layer_config, layout=LAYOUT,
                              draft_vocab_size=draft_vocab if draft_vocab < vocab else 0,
-                             norm_before_residual=bool(norm_before))
+                             norm_before_residual=bool(norm_before), mask_token_id=_parallel_token(cfg, state, path))
+        if config.mask_token_id is not None:  # vLLM views it as (1, 3H); speculators saves (1, 1, 3H)
+            state["mask_hidden"] = state["mask_hidden"].reshape(1, 1, -1)
     else:
         if int(layer_src.get("num_hidden_layers", 1)) != 1:
             raise ValueError(f"{path}: EAGLE-1 drafts with {layer_src.get('num_hidden_layers')} layers are not "
@@ -287,6 +296,17 @@ def _import_public_eagle(path: str, cfg: dict, fmt: str, target):
         config = EagleConfig(hidden, vocab, num_layers, [num_layers], made, layer_config, layout=LAYOUT,
                              fc_bias=has_bias, draft_vocab_size=int(ids.numel()) if reduced else 0)
     return build_draft(config).load_weights(state, path)
+
+
+def _parallel_token(cfg: dict, state: dict, path: str) -> int | None:
+    """P-EAGLE's placeholder token (speculators mask_token_id, vLLM pard_token / ptd_token_id), or None for a
+    plain EAGLE-3 draft; a token without mask_hidden (or the reverse) is a one-line error."""
+    token = next((cfg[k] for k in ("mask_token_id", "pard_token", "ptd_token_id") if cfg.get(k) is not None), None)
+    if (token is None) != ("mask_hidden" not in state):
+        have = "a placeholder token but no mask_hidden" if token is not None else "mask_hidden but no placeholder token"
+        raise ValueError(f"{path}: a parallel-drafting (P-EAGLE) draft needs both mask_hidden and pard_token / "
+                         f"ptd_token_id / mask_token_id; it has {have}")
+    return None if token is None else int(token)
 
 
 # ----------------------------------------------------------------------------- Medusa import

@@ -42,6 +42,13 @@ class EagleChainSettings(EagleSettings):
 
 
 @dataclass
+class ParallelSettings(BudgetSettings):
+    top_k: int = _knob(2, "children per node, cut from the per-depth distributions of the one draft forward; "
+                          "1 drafts a chain")
+    temperature: float | None = _knob(None, "q temperature of sampled drafts (default: the sampling temperature)")
+
+
+@dataclass
 class MedusaSettings(BudgetSettings):
     pass
 
@@ -59,6 +66,7 @@ class Entry:
     build: Callable  # (target, path, tokenizer, settings) -> Drafter
     default_model: str | None  # the zoo folder used when no path is given
     about: str
+    train_hint: str = ""  # how to make the model when the zoo does not ship it (compare.py's `all` then skips it)
 
 
 def _standalone(target, path, tokenizer, s: StandaloneSettings):
@@ -84,6 +92,31 @@ def _eagle_from(default: str):
     return build_eagle
 
 
+def _shipped_or_given(path, default: str, hint: str) -> str:
+    """The given folder, or the zoo's; a one-line error saying how to train it when the zoo has none."""
+    from draftkit.models import resolve
+    from draftkit.zoo import ZooError, available
+
+    if path in (None, "", "default") and default not in available():
+        raise ZooError(f"no {default} draft is shipped yet: {hint}, then pass its folder (make_drafter(..., "
+                       f"path=DIR) or compare.py --{default} DIR)")
+    return resolve(path, default)
+
+
+def _peagle(target, path, tokenizer, s: ParallelSettings):
+    from draftkit.drafters.peagle import PEagleDrafter
+
+    return PEagleDrafter.from_pretrained(_shipped_or_given(path, "peagle", REGISTRY["peagle"].train_hint), target,
+                                         **dataclasses.asdict(s))
+
+
+def _dflash(target, path, tokenizer, s: ParallelSettings):
+    from draftkit.drafters.dflash import DFlashDrafter
+
+    return DFlashDrafter.from_pretrained(_shipped_or_given(path, "dflash", REGISTRY["dflash"].train_hint), target,
+                                         **dataclasses.asdict(s))
+
+
 def _medusa(target, path, tokenizer, s: MedusaSettings):
     from draftkit.models import resolve
     from draftkit.drafters.medusa import MedusaDrafter
@@ -107,6 +140,12 @@ REGISTRY: dict[str, Entry] = {
     "eagle3": Entry(EagleSettings, _eagle_from("eagle3"), "eagle3",
                     "EAGLE-3 draft (fused low / middle / high target features): EAGLE-2 dynamic tree"),
     "lookahead": Entry(LookaheadSettings, _lookahead, None, "n-gram cache + Jacobi lookahead branch, no training"),
+    "peagle": Entry(ParallelSettings, _peagle, "peagle",
+                    "P-EAGLE: EAGLE-3 with parallel drafting, every depth in one draft forward",
+                    "train it with `python train/eagle.py --config recipes/eagle/peagle.yaml`"),
+    "dflash": Entry(ParallelSettings, _dflash, "dflash",
+                    "DFlash block drafter: a block of masked positions in one non-causal draft forward",
+                    "train it with `python train/dflash.py --config recipes/dflash/dflash.yaml`"),
 }
 
 

@@ -295,3 +295,32 @@ def draft(root_logits: torch.Tensor, forward: Forward, state, top_k: int, temper
     if not state.greedy and sampled_trees_enabled():
         return sampled_tree(root_logits, forward, depth, top_k, budget.max_nodes, gen, temperature, sampling)
     return dynamic_tree(root_logits, forward, depth, top_k, budget.max_nodes)
+
+
+def depth_lookup(depth_logits: torch.Tensor) -> Forward:
+    """A `forward` for drafters whose distribution at depth d does not depend on the tokens drafted above it
+    (P-EAGLE and DFlash draft every depth in one pass): a node's children are drawn from the next depth's
+    logits whatever the node is, so the tree needs no further draft forward. depth_logits (D, V): row d - 1
+    holds the logits of depth d; a depth-d node asks for row d."""
+    def forward(tokens, parent_rows, block, depths):
+        return depth_logits[depths.to(depth_logits.device)]
+    return forward
+
+
+def draft_from_depths(depth_logits: torch.Tensor, state, top_k: int, gen: torch.Generator | None = None,
+                      temperature: float | None = None, sampling=None) -> DraftTree:
+    """A chain or tree (as `draft`) from per-depth logits (D, V) computed in one draft forward. The budget's
+    depth is capped at D. Under sampling each node's q is its depth's distribution: the one its token was drawn
+    from, so the verifier's rule stays exact."""
+    depth = min(state.budget.max_depth, state.budget.max_nodes, depth_logits.shape[0])
+    if depth < 1:
+        return DraftTree.empty(depth_logits.device)
+    if state.budget.max_depth > depth:
+        state = _with_depth(state, depth)
+    return draft(depth_logits[0], depth_lookup(depth_logits), state, top_k, gen, temperature, sampling)
+
+
+def _with_depth(state, depth: int):
+    from dataclasses import replace
+
+    return replace(state, budget=replace(state.budget, max_depth=depth))

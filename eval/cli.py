@@ -50,7 +50,8 @@ def build_parser(description: str | None = None) -> Parser:
     ap = Parser(prog="compare.py", description=description, formatter_class=HelpFormatter)
     ap.add_argument("--drafters", default="all",
                     help="comma list of drafters (standalone, medusa, eagle, eagle-chain: EAGLE drafting a chain "
-                         "of --max-depth, eagle3, lookahead, suffix) or 'all' (default: %(default)s)")
+                         "of --max-depth, eagle3, lookahead, suffix, peagle, dflash) or 'all' (peagle and dflash only once "
+                         "their drafts are shipped or named by --peagle / --dflash) (default: %(default)s)")
     ap.add_argument("--target", help="target: HF hub id or folder (default: the shipped target, zoo/target)")
     ap.add_argument("--draft", help="standalone draft model: HF hub id or folder (default: the shipped draft)")
     ap.add_argument("--medusa", help="saved Medusa heads folder (default: the shipped heads)")
@@ -58,6 +59,12 @@ def build_parser(description: str | None = None) -> Parser:
                                     "(default: the shipped EAGLE-2 draft, zoo/eagle)")
     ap.add_argument("--eagle3", help="EAGLE-3 draft folder for eagle3, draftkit's or a public layout (default: the "
                                      "shipped EAGLE-3 draft, zoo/eagle3)")
+    ap.add_argument("--peagle", help="P-EAGLE draft folder for peagle (train/eagle.py --config "
+                                     "recipes/eagle/peagle.yaml, or a vLLM / speculators export) (default: the "
+                                     "shipped one, zoo/peagle; 'all' leaves peagle out while none is shipped)")
+    ap.add_argument("--dflash", help="DFlash draft folder for dflash (train/dflash.py, or a z-lab / vLLM / "
+                                     "speculators folder) (default: the shipped one, zoo/dflash; 'all' leaves "
+                                     "dflash out while none is shipped)")
     ap.add_argument("--tasks", help=_preset_help("tasks", f"comma list of built-in tasks: {', '.join(TASKS)}"))
     ap.add_argument("--prompts-file", help="JSONL of prompts ({\"prompt\": ...} or Spec-Bench's \"turns\"); "
                                            "replaces --tasks (default: none, the built-in tasks)")
@@ -136,10 +143,22 @@ def check_flags(args) -> list[check.PromptText] | None:
 
 # which drafters each model flag feeds: a flag whose drafters are all left out is a mistake
 MODEL_FLAGS = {"--draft": ("standalone",), "--medusa": ("medusa",), "--eagle": ("eagle", "eagle-chain"),
-               "--eagle3": ("eagle3",)}
+               "--eagle3": ("eagle3",), "--peagle": ("peagle",), "--dflash": ("dflash",)}
+
+
+def _unshipped(args) -> set[str]:
+    """Drafters whose model the zoo does not ship yet and no flag names: `all` leaves them out."""
+    from draftkit.drafters.registry import REGISTRY
+    from draftkit.zoo import available
+
+    shipped = set(available())
+    return {name for name, e in REGISTRY.items() if e.train_hint and e.default_model not in shipped
+            and getattr(args, e.default_model, None) is None}
 
 
 def check_drafters(args, choices) -> None:
+    if args.drafters.strip() == "all":
+        choices = tuple(c for c in choices if c not in _unshipped(args))
     args.drafter_names = check.names("--drafters", args.drafters, choices, "all")
     for flag, users in MODEL_FLAGS.items():
         if getattr(args, flag[2:]) is not None and not set(users) & set(args.drafter_names):

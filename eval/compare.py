@@ -74,7 +74,8 @@ def build_methods(args, target, tokenizer, on_error=None):
         count = param_count(obj, target)
         return lambda: {**footprint(obj, target), "param_count": count}
 
-    model_flag = {"draft": args.draft, "eagle": args.eagle, "eagle3": args.eagle3, "medusa": args.medusa}
+    model_flag = {"draft": args.draft, "eagle": args.eagle, "eagle3": args.eagle3, "medusa": args.medusa,
+                  "peagle": args.peagle, "dflash": args.dflash}
     methods = [Method("plain", ours(None), footprint=lambda: {"params": 0, "kv": 0, "buffers": 0}, about="")]
     peers = []
     budgets = ("auto", "fixed") if args.budget == "both" else (args.budget,)

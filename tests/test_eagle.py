@@ -251,26 +251,9 @@ def test_bad_feature_layers(target2):
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory):
     """A tiny corpus, tokenizer and peaked target saved like a real one."""
-    import inspect
-    import textwrap
+    from tests.parallel_common import make_tiny_run
 
-    from draftkit.train.data import train_tokenizer
-
-    root = tmp_path_factory.mktemp("eagle_train")
-    text = inspect.getsource(json) + inspect.getsource(textwrap)
-    corpus = root / "corpus.txt"
-    corpus.write_text(text[:12000])
-    tok = train_tokenizer(text[:12000].splitlines(), vocab_size=300)
-    torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                      num_key_value_heads=2, intermediate_size=64, max_position_embeddings=256,
-                      eos_token_id=tok.eos_token_id)
-    model = LlamaForCausalLM(cfg)
-    with torch.no_grad():
-        model.lm_head.weight.mul_(20)
-    model.save_pretrained(str(root / "target"))
-    tok.save_pretrained(str(root / "target"))
-    return root
+    return make_tiny_run(tmp_path_factory.mktemp("eagle_train"), layers=2)
 
 
 def _argv(root, out, steps, *extra):

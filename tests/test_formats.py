@@ -437,25 +437,10 @@ def test_reduced_vocabulary_sampling_is_lossless(chain):
 
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory):
-    import inspect
-    import textwrap
+    """A tiny corpus, tokenizer and peaked target saved like a real one."""
+    from tests.parallel_common import make_tiny_run
 
-    from draftkit.train.data import train_tokenizer
-
-    root = tmp_path_factory.mktemp("formats_train")
-    text = inspect.getsource(json) + inspect.getsource(textwrap)
-    (root / "corpus.txt").write_text(text[:12000])
-    tok = train_tokenizer(text[:12000].splitlines(), vocab_size=300)
-    torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=32, num_hidden_layers=4, num_attention_heads=4,
-                      num_key_value_heads=2, intermediate_size=64, max_position_embeddings=256,
-                      eos_token_id=tok.eos_token_id)
-    model = LlamaForCausalLM(cfg)
-    with torch.no_grad():
-        model.lm_head.weight.mul_(20)
-    model.save_pretrained(str(root / "target"))
-    tok.save_pretrained(str(root / "target"))
-    return root
+    return make_tiny_run(tmp_path_factory.mktemp("formats_train"), layers=4)
 
 
 def test_train_reference_eagle3_lowers_loss_and_exports(tiny_run, tmp_path):

@@ -25,7 +25,7 @@ from draftkit.train.data import train_tokenizer
 from draftkit.train.loop import STATE_FILE, cli
 
 ROOT = Path(__file__).resolve().parent.parent
-SCRIPTS = {"zoo": "pretrain", "draft": "draft", "medusa": "medusa", "eagle": "eagle"}
+SCRIPTS = {"zoo": "pretrain", "draft": "draft", "medusa": "medusa", "eagle": "eagle", "dflash": "dflash"}
 SINGLE = "python train/launch.py --config_file recipes/accelerate/single.yaml"
 
 

@@ -3,6 +3,7 @@
     python train/launch.py --config_file recipes/accelerate/single.yaml train/eagle.py --config recipes/eagle/eagle2.yaml
     python train/eagle.py --config recipes/eagle/eagle2.yaml          # one CPU
     python train/eagle.py --config recipes/eagle/eagle3.yaml
+    python train/eagle.py --config recipes/eagle/peagle.yaml         # P-EAGLE (parallel_depths > 0)
 
 Each step reads a batch of rows and the frozen target's hidden states from the one data path
 (train/targetdata.py: text the target regenerated, its features stored once and read every epoch, or
@@ -43,8 +44,11 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache  # no
 
 from draftkit.drafters.eagle import EagleDraftModel, EagleDrafter  # noqa: E402
 from draftkit.drafters.eagle_reference import frequent_tokens, make_draft  # noqa: E402
+from draftkit.drafters.peagle import PEagleDraft, PEagleDrafter, make_peagle_draft  # noqa: E402
+from draftkit.train import decode_eval  # noqa: E402
 from draftkit.train.config import TrainError, field, parse_config, resolve_model, shared  # noqa: E402
 from draftkit.train.loop import Loop, cli  # noqa: E402
+from draftkit.train.peagle_loss import PEagleLoss  # noqa: E402
 from draftkit.train.targetdata import TargetDataConfig, target_data  # noqa: E402
 
 
@@ -66,6 +70,12 @@ class EagleTrainConfig(TargetDataConfig):
     feature_noise: float = field(0.2, "width of the uniform noise U(-w/2, w/2) added to the input target features")
     feature_loss_weight: float = field(1.0, "SmoothL1 loss on the predicted features (EAGLE-3: 0)")
     token_loss_weight: float = field(0.1, "cross-entropy of the draft against the target's distribution")
+    parallel_depths: int = field(0, "P-EAGLE: > 0 trains the reference EAGLE-3 draft with parallel drafting over this "
+                                    "many depths in one forward (train/peagle_loss.py; needs layout reference, three "
+                                    "feature_layers and ttt_steps 1); 0: EAGLE's own loss")
+    mask_token_id: int = field(-1, "P-EAGLE placeholder token id (-1: the tokenizer's pad token, else its EOS)")
+    cod_ratio: float = field(0.7, "P-EAGLE COD sampling: depth d keeps about cod_ratio^(d-1) of the anchors")
+    cod_ratio_min: float = field(0.2, "P-EAGLE COD sampling: the least share of anchors any depth keeps")
     eval_tau_prompts: int = field(4, "held-out prompts for the final tau measurement (0: skip)")
     eval_new_tokens: int = field(64, "tokens generated per prompt for tau")
     output_dir: str = shared("output_dir", "runs/eagle2")
@@ -82,6 +92,12 @@ class EagleTrainConfig(TargetDataConfig):
             raise TrainError(f"layout must be draftkit or reference, got {self.layout!r}")
         if self.layout == "draftkit" and self.draft_vocab_size > 0:
             raise TrainError("draft_vocab_size needs layout: reference (draftkit's layout uses the full vocabulary)")
+        if self.parallel_depths and (self.layout != "reference" or len(self.feature_layers) != 3
+                                     or self.ttt_steps != 1):
+            raise TrainError("parallel_depths (P-EAGLE) needs layout: reference, three feature_layers and ttt_steps: 1 "
+                             f"(got {self.layout}, {self.feature_layers}, {self.ttt_steps})")
+        if self.parallel_depths < 0:
+            raise TrainError(f"parallel_depths must be >= 0, got {self.parallel_depths}")
 
 
 # --- the loss ---------------------------------------------------------------------------------------
@@ -166,6 +182,14 @@ def draft_inputs(batch, layers: list[int], num_layers: int) -> torch.Tensor:
     return picked[0] if len(picked) == 1 else torch.cat(picked, -1)
 
 
+def objective_on(loss_fn, batch, num_layers: int, noise: bool = True) -> dict:
+    """The loss terms of one batch: EAGLE's (its input features concatenated) or P-EAGLE's (the layer dict)."""
+    if isinstance(loss_fn, PEagleLoss):
+        return loss_fn(batch.ids, batch.loss_mask, batch.hidden, batch.last)
+    layers = loss_fn.draft.config.feature_layers
+    return loss_fn(batch.ids, draft_inputs(batch, layers, num_layers), batch.last, batch.loss_mask, noise=noise)
+
+
 @torch.no_grad()
 def heldout_accuracy(loss_fn: EagleLoss, data, blocks: int) -> dict:
     """Draft top-1 agreement with the target (per unrolled step) over held-out rows."""
@@ -173,9 +197,8 @@ def heldout_accuracy(loss_fn: EagleLoss, data, blocks: int) -> dict:
     loss_fn.eval()
     sums: dict[str, float] = {}
     count = 0
-    layers, num_layers = loss_fn.draft.config.feature_layers, data.target.config.num_hidden_layers
     for b in data.heldout(blocks):
-        res = loss_fn(b.ids, draft_inputs(b, layers, num_layers), b.last, b.loss_mask, noise=False)
+        res = objective_on(loss_fn, b, data.target.config.num_hidden_layers, noise=False)
         for k, v in res.items():
             sums[k] = sums.get(k, 0.0) + float(v) * b.ids.shape[0]
         count += b.ids.shape[0]
@@ -183,26 +206,10 @@ def heldout_accuracy(loss_fn: EagleLoss, data, blocks: int) -> dict:
     return {k: v / max(1, count) for k, v in sums.items()}
 
 
-@torch.no_grad()
 def measure_tau(target, draft, stream: torch.Tensor, prompts: int, new_tokens: int, prompt_len: int = 128) -> dict:
-    """Mean accepted length of the EAGLE-2 tree (default flags) on held-out prompts, greedy."""
-    from draftkit.verify.decode import generate
-
-    if prompts < 1 or stream.numel() < prompt_len + 1:
-        return {}
-    drafter = EagleDrafter(target, draft.eval())
-    stride = max(prompt_len, (stream.numel() - prompt_len) // prompts)
-    stats = None
-    for i in range(prompts):
-        p = stream[i * stride: i * stride + prompt_len].long()
-        if p.numel() < prompt_len:
-            break
-        out = generate(target, p.to(target.device), drafter=drafter, max_new_tokens=new_tokens, eos_token_id=[],
-                       budget="fixed")  # the drafter's own tree every step: a measure of the draft, not of the machine
-        stats = out.stats if stats is None else stats.merge(out.stats)
-    if stats is None:
-        return {}
-    return {"tau": stats.tau, "acceptance_by_depth": stats.acceptance_by_depth(), "mean_tree_size": stats.mean_tree_size}
+    """Mean accepted length of the EAGLE-2 tree (P-EAGLE: its tree; default flags) on held-out prompts, greedy."""
+    drafter = (PEagleDrafter if isinstance(draft, PEagleDraft) else EagleDrafter)(target, draft.eval())
+    return decode_eval.measure_tau(target, drafter, stream, prompts, new_tokens, prompt_len)
 
 
 # --- main -------------------------------------------------------------------------------------------
@@ -230,19 +237,24 @@ def main(argv=None):
                 n = max(1, vocab // 4) if len(cfg.feature_layers) > 1 else vocab
             if 0 < n < vocab:  # the most frequent tokens of what the draft trains on
                 draft_ids = frequent_tokens(data.rows.flatten(), vocab, n)
-        draft = make_draft(target, cfg.feature_layers, cfg.layout, draft_ids, cfg.init_from_target)
+        if cfg.parallel_depths:
+            mask = cfg.mask_token_id if cfg.mask_token_id >= 0 else (
+                tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id)
+            draft = make_peagle_draft(target, cfg.feature_layers, mask, draft_ids, cfg.init_from_target)
+        else:
+            draft = make_draft(target, cfg.feature_layers, cfg.layout, draft_ids, cfg.init_from_target)
         draft.config.target_name = target_path
         n_params = sum(p.numel() for p in draft.parameters())
         acc.print(f"EAGLE draft ({cfg.layout} layout): {n_params:,} parameters, features from hidden states "
                   f"{draft.config.feature_layers}, draft vocabulary {draft.config.draft_vocab_size or 'full'}, "
                   f"ttt_steps {cfg.ttt_steps}")
-        layers, num_layers = draft.config.feature_layers, target.config.num_hidden_layers
-
-        (loss_fn,) = loop.prepare(EagleLoss(draft, target, cfg))
+        num_layers = target.config.num_hidden_layers
+        objective = PEagleLoss(draft, target, cfg.parallel_depths, cfg.cod_ratio, cfg.cod_ratio_min) \
+            if cfg.parallel_depths else EagleLoss(draft, target, cfg)
+        (loss_fn,) = loop.prepare(objective)
 
         def step_loss(i):
-            b = data.batch(i)
-            res = loss_fn(b.ids, draft_inputs(b, layers, num_layers), b.last, b.loss_mask)
+            res = objective_on(loss_fn, data.batch(i), num_layers)
             return res.pop("loss"), res
 
         def evaluate():
@@ -252,7 +264,7 @@ def main(argv=None):
             model.draft.float().train()
             return res
 
-        result = loop.run(step_loss, evaluate, desc="eagle", show=("acc_0",))
+        result = loop.run(step_loss, evaluate, desc="eagle", show=("acc_1" if cfg.parallel_depths else "acc_0",))
         history = result.history
         if result.stopped:
             return {"resumed_from": result.start_step, "stopped_at": result.step, "history": history}
@@ -263,7 +275,9 @@ def main(argv=None):
             model.draft.save_pretrained(out)
             decode = {k: final[k] for k in ("tau", "acceptance_by_depth", "mean_tree_size") if k in final}
             report = {
-                "heldout_top1": final.get("acc_0"),
+                "heldout_top1": final.get("acc_1" if cfg.parallel_depths else "acc_0"),
+                "heldout_top1_by_depth": [final[f"acc_{d}"] for d in range(1, cfg.parallel_depths + 1)
+                                          if f"acc_{d}" in final] or None,
                 "heldout_top1_by_step": [final[f"acc_{i}"] for i in range(cfg.ttt_steps) if f"acc_{i}" in final],
                 "heldout_token_loss": final.get("token_loss_0"), "heldout_feature_loss": final.get("feature_loss_0"),
                 **decode,

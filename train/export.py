@@ -15,7 +15,12 @@ What each format holds (drafters/formats.py has the key names and config fields)
   sglang           EAGLE-3: as vllm. EAGLE-1/2: LlamaForCausalLMEagle with a zero fc.bias (a reduced draft
                    vocabulary goes to hot_token_ids.pt for --speculative-token-map). Standalone: as vllm.
                    Medusa: refused (SGLang has no Medusa algorithm).
-  speculators      EAGLE-3 only: vllm-project/speculators config (Eagle3Speculator, layers.0.*); `vllm serve DIR`.
+  speculators      EAGLE-3 and P-EAGLE: vllm-project/speculators config (Eagle3Speculator / PEagleSpeculator,
+                   layers.0.*); DFlash: DFlashSpeculator (with the target's lm_head); `vllm serve DIR`.
+P-EAGLE (an EAGLE-3 draft with mask_hidden, train/eagle.py --config recipes/eagle/peagle.yaml): vllm writes the
+EAGLE-3 folder plus mask_hidden and pard_token / ptd_token_id, served as eagle3 with "parallel_drafting": true;
+sglang is refused. DFlash (train/dflash.py): vllm writes z-lab's layout (DFlashDraftModel, dflash_config), which
+vLLM's dflash method and SGLang's DFLASH load; sglang is refused in favour of it.
   medusa-original  Medusa only: FasterDecoding/Medusa (medusa_lm_head.safetensors and .pt, config medusa_num_heads).
 EAGLE drafts in draftkit's own layout are refused for every engine (not reference-exact): retrain them with
 `--layout reference` (train/eagle.py). A refusal is one line on stderr and exit code 2.
@@ -92,6 +97,15 @@ def serve_commands(kind: str, fmt: str, out: str, target: str, eagle3: bool, k: 
     out, target = serve_name(out), serve_name(target)
     vllm = ("vllm serve {t} --speculative-config "
             "'{{\"method\": \"{m}\", \"model\": \"{o}\", \"num_speculative_tokens\": {k}}}'")
+    if kind == "peagle":  # EAGLE-3's method with parallel drafting on: every draft token in one forward
+        command = vllm.format(t=target, m="eagle3", o=out, k=k)[:-2] + ', "parallel_drafting": true}\''
+        return ([f"vllm serve {out}   # target and method come from speculators_config"] if fmt == "speculators"
+                else []) + [command]
+    if kind == "dflash":
+        return [vllm.format(t=target, m="dflash", o=out, k=k) + "   # k <= block_size - 1",
+                f"python -m sglang.launch_server --model-path {target} --speculative-algorithm DFLASH "
+                f"--speculative-draft-model-path {out} --speculative-num-draft-tokens {k + 1}"] \
+            if fmt == "vllm" else [f"vllm serve {out}   # target and method come from speculators_config"]
     sglang = ("python -m sglang.launch_server --model-path {t} --speculative-algorithm {a} "
               "--speculative-draft-model-path {o} --speculative-num-steps {k} --speculative-eagle-topk {tk} "
               "--speculative-num-draft-tokens {n}")
@@ -174,6 +188,17 @@ def export(args) -> tuple[str, list[str]]:
         msg = export_eagle(draft, args.format, out, dtype, target_name=target,
                            speculative_tokens=k, target_architectures=_architectures(target))
         eagle3 = len(draft.config.feature_layers) == 3
+        kind = "peagle" if draft.config.mask_token_id is not None else kind
+    elif kind == "dflash":
+        from draftkit.drafters.dflash_formats import export_dflash, load_dflash_draft
+        from draftkit.models import load_model
+
+        target = args.target or _default_target(src, cfg.get("target_name", ""))
+        model = load_model(target) if args.format == "speculators" or not cfg.get("num_target_layers") else None
+        draft = load_dflash_draft(src, model)
+        msg = export_dflash(draft, args.format, out, model, dtype, target_name=target,
+                            target_architectures=_architectures(target))
+        eagle3 = False
     elif kind == "medusa":
         if args.format not in ("vllm", "medusa-original"):  # refuse before loading anything
             export_medusa(src, args.format, out, None, dtype)

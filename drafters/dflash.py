@@ -1,0 +1,320 @@
+"""DFlash: a block-diffusion drafter that fills a whole block of masked positions in one forward
+(Chen et al. 2026, arXiv 2602.06036; z-lab/dflash; vLLM method `dflash`, SGLang `DFLASH`, speculators `dflash`).
+
+The draft is a small stack of Qwen3-style decoder layers with NO token embedding and NO LM head of its
+own: it reads the target's embedding table and ends in the target's LM head. Each step it runs ONE
+forward over a block of B positions at the positions right after the committed context:
+
+    block   = [root, mask, mask, ..., mask]            the last committed token, then B - 1 mask tokens
+    context = hidden_norm(fc([h_a; h_b; ...]))         the target's hidden states of several layers at every
+                                                       committed position but the root, fused (nH -> H)
+    layer i: x = input_layernorm(h); q = q_norm(q_proj(x)), keys and values over [context ; block]:
+             k = k_norm(k_proj(.)), v = v_proj(.) of the context (not normed again) and of x;
+             rotary positions: context at its own positions, block at root .. root + B - 1;
+             attention is NON-causal inside the block, and every block position sees the whole context;
+             h = h + o_proj(attn); h = h + mlp(post_attention_layernorm(h))
+    logits  = target_lm_head(norm(h))                  block position j >= 1 gives the distribution of depth j
+
+Depth j's distribution depends only on the context and the root, never on the tokens drafted at other
+depths, so chains and trees are cut from the B - 1 per-depth distributions (tree_search.draft_from_depths)
+and a sampled token's q is its depth's distribution: lossless like any draft.
+
+The context keys and values are the same for every later step: they are kept per layer (rotated) in a
+growing cache, and each step appends only the positions the verifier kept. Nothing is rolled back: the
+context holds true target features, and the block's entries are never stored.
+
+Layers: `target_layers` are indices into transformers' hidden_states (0 = embeddings, k = the residual
+stream entering layer k). z-lab and vLLM's dflash_config.target_layer_ids name the output of layer id,
+i.e. hidden_states[id + 1]; vLLM's top-level eagle_aux_hidden_state_layer_ids and speculators'
+aux_hidden_state_layer_ids use hidden_states indices, as here.
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers.models.llama.modeling_llama import (LlamaMLP, LlamaRMSNorm, LlamaRotaryEmbedding,
+                                                      apply_rotary_pos_emb)
+
+from draftkit.drafters.eagle import _target_name, check_target_shape, target_shape
+from draftkit.drafters.eagle_reference import llama_config, llama_layer_config
+from draftkit.drafters.tree_search import draft_from_depths
+from draftkit.verify.contract import Budget, DecodeState, DraftTree, StepResult
+
+CONFIG_NAME = "config.json"
+WEIGHTS_NAME = "model.safetensors"
+KIND = "dflash"
+
+
+def default_target_layers(num_target_layers: int, num_draft_layers: int) -> list[int]:
+    """z-lab's choice as hidden_states indices: one layer per draft layer, spread from layer 1 to L - 3 (ids),
+    the middle one for a one-layer draft; hidden_states index = id + 1."""
+    if num_draft_layers == 1:
+        return [num_target_layers // 2 + 1]
+    start, end = 1, num_target_layers - 3
+    return [int(round(start + i * (end - start) / (num_draft_layers - 1))) + 1 for i in range(num_draft_layers)]
+
+
+@dataclass
+class DFlashConfig:
+    hidden_size: int
+    vocab_size: int
+    num_target_layers: int
+    target_layers: list[int]  # hidden_states indices fused into the context
+    block_size: int  # B: the root and B - 1 masked positions, so B - 1 draft tokens per step at most
+    mask_token_id: int
+    target_name: str = ""
+    layer_config: dict = field(default_factory=dict)  # Llama/Qwen3 sizes: num_hidden_layers = draft layers
+    kind: str = KIND
+
+    def check(self) -> "DFlashConfig":
+        n = self.num_target_layers
+        if self.block_size < 2:
+            raise ValueError(f"a DFlash block holds the root and at least one mask: block_size >= 2, "
+                             f"got {self.block_size}")
+        if not self.target_layers or not all(1 <= k <= n for k in self.target_layers):
+            raise ValueError(f"DFlash target_layers must be hidden_states indices in 1..{n}, got {self.target_layers}")
+        if not 0 <= self.mask_token_id < self.vocab_size:
+            raise ValueError(f"mask_token_id must lie in [0, {self.vocab_size}), got {self.mask_token_id}")
+        return self
+
+    @property
+    def draft_layers(self) -> int:
+        return int(self.layer_config["num_hidden_layers"])
+
+
+def dflash_config(target, block_size: int, mask_token_id: int, draft_layers: int = 1,
+                  target_layers: list[int] | None = None) -> DFlashConfig:
+    hidden, vocab, layers = target_shape(target)
+    lc = llama_layer_config(target)
+    lc["num_hidden_layers"] = int(draft_layers)
+    feats = list(target_layers) if target_layers else default_target_layers(layers, draft_layers)
+    feats = [k + layers + 1 if k < 0 else k for k in feats]
+    return DFlashConfig(hidden, vocab, layers, feats, int(block_size), int(mask_token_id), _target_name(target),
+                        lc).check()
+
+
+class ContextCache:
+    """Per draft layer, the rotated keys and values of the committed context: (1, kv_heads, n, head_dim),
+    grown in place (capacity doubles), never rolled back."""
+
+    def __init__(self, num_layers: int):
+        self.k: list[torch.Tensor | None] = [None] * num_layers
+        self.v: list[torch.Tensor | None] = [None] * num_layers
+        self.length = 0
+
+    def append(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        n, new = self.length, k.shape[2]
+        buf = self.k[layer]
+        if buf is None or buf.shape[2] < n + new:
+            cap = max(2 * (n + new), 64)
+            grown_k, grown_v = k.new_zeros(*k.shape[:2], cap, k.shape[3]), v.new_zeros(*v.shape[:2], cap, v.shape[3])
+            if buf is not None:
+                grown_k[:, :, :n], grown_v[:, :, :n] = buf[:, :, :n], self.v[layer][:, :, :n]
+            self.k[layer], self.v[layer] = grown_k, grown_v
+        self.k[layer][:, :, n:n + new] = k
+        self.v[layer][:, :, n:n + new] = v
+        if layer == len(self.k) - 1:
+            self.length = n + new
+        return self.k[layer][:, :, :n + new], self.v[layer][:, :, :n + new]
+
+
+class DFlashAttention(nn.Module):
+    """Queries from the block; keys / values from [context ; block] (see the module docstring)."""
+
+    def __init__(self, cfg):
+        super().__init__()
+        h, self.heads, self.kv_heads, self.head_dim = cfg.hidden_size, cfg.num_attention_heads, \
+            cfg.num_key_value_heads, cfg.head_dim
+        self.q_proj = nn.Linear(h, self.heads * self.head_dim, bias=False)
+        self.k_proj = nn.Linear(h, self.kv_heads * self.head_dim, bias=False)
+        self.v_proj = nn.Linear(h, self.kv_heads * self.head_dim, bias=False)
+        self.o_proj = nn.Linear(self.heads * self.head_dim, h, bias=False)
+        self.q_norm = LlamaRMSNorm(self.head_dim, eps=cfg.rms_norm_eps)
+        self.k_norm = LlamaRMSNorm(self.head_dim, eps=cfg.rms_norm_eps)
+
+    def _heads(self, x: torch.Tensor, n: int) -> torch.Tensor:
+        return x.view(*x.shape[:2], n, self.head_dim).transpose(1, 2)  # (B, n, T, D)
+
+    def kv(self, x: torch.Tensor, rope) -> tuple[torch.Tensor, torch.Tensor]:
+        """(B, kv_heads, T, D) rotated keys and values of x (B, T, H)."""
+        k = self.k_norm(self._heads(self.k_proj(x), self.kv_heads))
+        cos, sin = rope
+        k, _ = apply_rotary_pos_emb(k, k, cos, sin)
+        return k, self._heads(self.v_proj(x), self.kv_heads)
+
+    def forward(self, x, rope, ctx_k, ctx_v, mask=None) -> torch.Tensor:
+        """x (B, Q, H) normed block; ctx_k / ctx_v (B, kv_heads, C, D); mask (B, 1, Q, C + Q) bool or None
+        (None: every block position sees the whole context and the whole block)."""
+        q = self.q_norm(self._heads(self.q_proj(x), self.heads))
+        cos, sin = rope
+        q, _ = apply_rotary_pos_emb(q, q, cos, sin)
+        k, v = self.kv(x, rope)
+        k, v = torch.cat([ctx_k, k], 2), torch.cat([ctx_v, v], 2)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=self.heads != self.kv_heads)
+        return self.o_proj(out.transpose(1, 2).reshape(*x.shape[:2], -1))
+
+
+class DFlashLayer(nn.Module):
+    def __init__(self, cfg):
+        super().__init__()
+        self.self_attn = DFlashAttention(cfg)
+        self.mlp = LlamaMLP(cfg)
+        self.input_layernorm = LlamaRMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
+        self.post_attention_layernorm = LlamaRMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
+
+    def forward(self, h, rope, ctx_k, ctx_v, mask=None) -> torch.Tensor:
+        h = h + self.self_attn(self.input_layernorm(h), rope, ctx_k, ctx_v, mask)
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+
+class DFlashDraft(nn.Module):
+    """fc + hidden_norm over the fused target layers, draft layers, final norm (the target's embedding and
+    LM head are used, never stored). Tensor names are z-lab's and vLLM's."""
+
+    def __init__(self, config: DFlashConfig):
+        super().__init__()
+        self.config = config.check()
+        self.layer_config = llama_config(config.layer_config)
+        lc, h = self.layer_config, config.hidden_size
+        self.fc = nn.Linear(len(config.target_layers) * h, h, bias=False)
+        self.hidden_norm = LlamaRMSNorm(h, eps=lc.rms_norm_eps)
+        self.layers = nn.ModuleList([DFlashLayer(lc) for _ in range(config.draft_layers)])
+        self.norm = LlamaRMSNorm(h, eps=lc.rms_norm_eps)
+        self.rotary_emb = LlamaRotaryEmbedding(lc)
+        for m in self.modules():
+            if isinstance(m, nn.Linear):
+                nn.init.normal_(m.weight, std=lc.initializer_range)
+
+    def fuse(self, hidden: list[torch.Tensor] | tuple) -> torch.Tensor:
+        """(..., nH) from one tensor per target layer (target_layers order)."""
+        return torch.cat(list(hidden), -1) if len(hidden) > 1 else hidden[0]
+
+    def forward(self, embeds, positions, feats, feat_positions, cache: ContextCache | None = None,
+                mask=None) -> torch.Tensor:
+        """embeds (B, Q, H) of the block, positions (B, Q); feats (B, C, nH) the NEW context's fused target
+        layers at feat_positions (B, C) (appended to `cache` when given). Returns (B, Q, H) normed outputs."""
+        w = self.fc.weight
+        ctx = self.hidden_norm(self.fc(feats.to(w.dtype)))
+        h = embeds.to(w.dtype)
+        rope_q, rope_c = self.rotary_emb(h, positions), self.rotary_emb(ctx, feat_positions)
+        for i, layer in enumerate(self.layers):
+            k, v = layer.self_attn.kv(ctx, rope_c)
+            if cache is not None:
+                k, v = cache.append(i, k, v)
+            h = layer(h, rope_q, k, v, mask)
+        return self.norm(h)
+
+    # --- files ---------------------------------------------------------------------------------------
+    def check_target(self, target) -> None:
+        check_target_shape(self.config, target, "DFlash", "train/dflash.py")
+
+    def save_pretrained(self, path: str, dtype: torch.dtype = torch.float16) -> None:
+        from safetensors.torch import save_file
+
+        os.makedirs(path, exist_ok=True)
+        state = {k: v.detach().to("cpu", dtype).contiguous() for k, v in self.state_dict().items()}
+        save_file(state, os.path.join(path, WEIGHTS_NAME), metadata={"format": "pt", "kind": KIND})
+        with open(os.path.join(path, CONFIG_NAME), "w") as fh:
+            json.dump(asdict(self.config), fh, indent=2)
+
+    def load_weights(self, state: dict, source: str) -> "DFlashDraft":
+        own = self.state_dict()
+        missing, unexpected = sorted(set(own) - set(state)), sorted(set(state) - set(own))
+        shapes = [f"{k} {tuple(state[k].shape)} != {tuple(v.shape)}" for k, v in own.items()
+                  if k in state and tuple(state[k].shape) != tuple(v.shape)]
+        if missing or unexpected or shapes:
+            raise ValueError(f"{source}: weights do not match the DFlash config (missing {missing}, unexpected "
+                             f"{unexpected}, shapes {shapes})")
+        self.load_state_dict({k: v.float() for k, v in state.items()})
+        return self.float()
+
+    @classmethod
+    def from_pretrained(cls, path: str, target=None) -> "DFlashDraft":
+        """draftkit's folder, or the public layouts (z-lab / vLLM, speculators) through drafters.formats."""
+        from draftkit.drafters.dflash_formats import load_dflash_draft
+
+        return load_dflash_draft(path, target)
+
+
+@torch.no_grad()
+def make_dflash_draft(target, block_size: int, mask_token_id: int, draft_layers: int = 1,
+                      target_layers: list[int] | None = None) -> DFlashDraft:
+    """A fresh DFlash draft for `target`; its final norm starts as the target's."""
+    draft = DFlashDraft(dflash_config(target, block_size, mask_token_id, draft_layers, target_layers))
+    base = target.get_decoder() if hasattr(target, "get_decoder") else target.model
+    norm = getattr(getattr(base, "norm", None), "weight", None)
+    if norm is not None and norm.shape == draft.norm.weight.shape:
+        draft.norm.weight.copy_(norm)
+    return draft.float()
+
+
+class DFlashDrafter:
+    """Chains or trees from one DFlash block forward per step.
+
+    max_depth: draft depth (at most block_size - 1); max_nodes: tree size cap; top_k: children per node
+    (1: a chain). temperature: the q temperature when sampling (default: the sampling temperature).
+    """
+
+    def __init__(self, target, draft: DFlashDraft, max_depth: int = 4, max_nodes: int = 8, top_k: int = 2,
+                 temperature: float | None = None, seed: int | None = None, sampling=None):
+        block = draft.config.block_size
+        if not 1 <= max_depth <= block - 1:
+            raise ValueError(f"dflash drafts at most block_size - 1 = {block - 1} tokens per step (its trained "
+                             f"block); max_depth must be in 1..{block - 1}, got {max_depth}")
+        if top_k < 1 or max_nodes < 1:
+            raise ValueError(f"top_k and max_nodes must be >= 1, got {top_k} and {max_nodes}")
+        if temperature is not None and temperature <= 0:
+            raise ValueError(f"the draft temperature must be > 0, got {temperature}")
+        draft.check_target(target)
+        self.embed, self.head = target.get_input_embeddings(), target.get_output_embeddings()
+        self.device = self.head.weight.device
+        self.draft = draft.to(self.device).eval()
+        self.hidden_layers = tuple(draft.config.target_layers)
+        self.top_k, self.temperature, self.sampling = top_k, temperature, sampling
+        self.budget_cap = Budget(max_depth, max_nodes if top_k > 1 else max_depth)
+        self.gen = torch.Generator().manual_seed(seed) if seed is not None else None
+        # the block's input: slot 0 becomes the root each step, slots 1.. stay the mask token
+        self.block = torch.full((1, block), draft.config.mask_token_id, dtype=torch.long, device=self.device)
+        self.reset(None)
+
+    @classmethod
+    def from_pretrained(cls, path: str, target, **flags) -> "DFlashDrafter":
+        from draftkit.drafters.dflash_formats import load_dflash_draft
+
+        return cls(target, load_dflash_draft(path, target), **flags)
+
+    def reset(self, prompt) -> None:
+        self.cache = ContextCache(self.draft.config.draft_layers)
+        self.todo: list[torch.Tensor] = []  # (k, nH) fused target layers of kept positions not yet in the cache
+
+    @torch.no_grad()
+    def propose(self, state: DecodeState) -> DraftTree:
+        depth = min(state.budget.max_depth, state.budget.max_nodes)
+        if depth < 1 or not self.todo:
+            return DraftTree.empty(state.tokens.device)
+        feats = torch.cat(self.todo)[None]  # (1, k, nH)
+        start, root = self.cache.length, state.tokens.numel() - 1  # the context ends right before the root
+        if start + feats.shape[1] != root:
+            raise RuntimeError(f"DFlash context out of step: {start + feats.shape[1]} positions for a root at {root}")
+        self.block[0, 0] = state.tokens[-1]
+        b = self.block.shape[1]
+        out = self.draft(self.embed(self.block), torch.arange(root, root + b, device=self.device)[None], feats,
+                         torch.arange(start, root, device=self.device)[None], self.cache)  # the one forward
+        self.todo = []
+        logits = self.head(out[0, 1:].to(self.head.weight.dtype))  # (B - 1, V): depth j at row j - 1
+        return draft_from_depths(logits, state, self.top_k, self.gen, self.temperature, self.sampling)
+
+    @torch.no_grad()
+    def update(self, result: StepResult) -> None:
+        if result.hidden is None:
+            raise ValueError("DFlashDrafter needs the target's hidden states (hidden_layers)")
+        self.todo.append(self.draft.fuse(result.hidden).to(self.device))
+
+
+__all__ = ["ContextCache", "DFlashConfig", "DFlashDraft", "DFlashDrafter", "default_target_layers", "dflash_config",
+           "make_dflash_draft"]
