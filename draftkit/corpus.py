@@ -11,8 +11,8 @@ import it from here. Two offline sources:
 A file is held out when the hash of its relative path says so (HELDOUT_PERCENT of paths), so the split never
 depends on file order or on the machine, and a file keeps its split when the corpus grows. The fingerprint
 is a sha256 over (path, content hash) of every file read: runs record it, caches are keyed by it.
-Real users pass a hub dataset name or local text / JSON files instead; every source ends in `datasets.Dataset`
-splits with a "text" column.
+Real users pass a hub dataset name or local text / JSON files instead; those end in `datasets.Dataset` splits with
+a "text" column, the Python sources in `Columns` (the same columns, no `datasets` needed).
 """
 from __future__ import annotations
 
@@ -35,6 +35,18 @@ _SKIP_DEP_PARTS = _SKIP_PARTS | {"testing", "vendor", "_vendor", "vendored", "th
 # draftkit's runtime dependencies, as pyproject.toml lists them (used when draftkit is not pip-installed)
 DEPENDENCIES = ("torch", "transformers", "datasets", "accelerate", "peft", "wandb", "tokenizers", "safetensors",
                 "pyyaml", "tqdm", "matplotlib")
+
+
+class Columns(dict):
+    """Column name -> list of values: all the local sources need of a datasets.Dataset, so that training on them
+    needs no `datasets` (a bare GPU machine has torch and transformers only)."""
+
+    def __len__(self) -> int:
+        return len(next(iter(self.values()), []))
+
+    @property
+    def column_names(self) -> list[str]:
+        return list(self)
 
 
 @dataclass
@@ -103,8 +115,6 @@ def python_files() -> list[tuple[str, Path]]:
 
 def corpus_from_files(files: list[tuple[str, Path]], source: str) -> Corpus:
     """Read (relative path, path) pairs and split them by file."""
-    from datasets import Dataset
-
     if not files:
         raise FileNotFoundError(f"no .py files found for corpus {source!r}")
     rows = {"train": {"path": [], "text": []}, "heldout": {"path": [], "text": []}}
@@ -115,8 +125,8 @@ def corpus_from_files(files: list[tuple[str, Path]], source: str) -> Corpus:
         split = "heldout" if is_heldout(rel) else "train"
         rows[split]["path"].append(rel)
         rows[split]["text"].append(text)
-    return Corpus(train=Dataset.from_dict(rows["train"]), heldout=Dataset.from_dict(rows["heldout"]),
-                  fingerprint=fp.hexdigest(), source=source)
+    return Corpus(train=Columns(rows["train"]), heldout=Columns(rows["heldout"]), fingerprint=fp.hexdigest(),
+                  source=source)
 
 
 def build_local_corpus(root: str | None = None) -> Corpus:

@@ -271,22 +271,27 @@ def test_interrupted_and_corrupt_checkpoints(tiny, tmp_path):
 # ----------------------------------------------------------------------------- the zoo build and the README
 
 
-def test_zoo_build_commands_parse_and_finished_stages_are_skipped(tmp_path):
+@pytest.mark.parametrize("mode", ["cpu", "gpu"])
+def test_zoo_build_commands_parse_and_finished_stages_are_skipped(tmp_path, mode):
     done = tmp_path / "target" / "final"
     done.mkdir(parents=True)
     (done / "train_report.json").write_text("{}")
     env = {**os.environ, "DRY_RUN": "1", "OUT": str(tmp_path), "CORPUS": "python"}
-    out = subprocess.run(["bash", "recipes/zoo/build.sh"], cwd=ROOT, env=env, capture_output=True, text=True,
-                         check=True).stdout
+    argv = ["bash", "recipes/zoo/build.sh"] + (["--gpu"] if mode == "gpu" else [])
+    out = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, check=True).stdout
     assert f"= target: done ({done})" in out
     stages = [line[2:].split(" > ")[0] for line in out.splitlines() if line.startswith("+ python train/")
               and "ship.py" not in line]
-    assert len(stages) == 5  # draft, eagle2, medusa1, medusa2, eagle3
+    assert len(stages) == 6  # prepare (the drafters' data), draft, eagle2, medusa1, medusa2, eagle3
     for command in stages:
         words = shlex.split(command)
-        cls = config_class(importlib.import_module("draftkit.train." + Path(words[1]).stem))
-        cfg = parse_config(cls, words[2:])
+        script = Path(words[1]).stem
+        cls = config_class(importlib.import_module("draftkit.train." + script))
+        cfg = parse_config(cls, words[2:], ignore_unknown=script == "prepare_data")  # it reads a recipe's data keys
         assert cfg.corpus == "python" and cfg.target == str(done) and cfg.output_dir.startswith(str(tmp_path))
+        assert cfg.regenerate and cfg.cache_dir == str(tmp_path / "cache")  # one regenerated data set for all
+        if mode == "gpu":  # the trainings in bf16; prepare_data keeps the target's own dtype
+            assert cfg.train_rows == 16384 and (script == "prepare_data" or cfg.mixed_precision == "bf16" and not cfg.wandb)
 
 
 def readme_training_commands(readme: Path) -> list[str]:

@@ -61,6 +61,8 @@ class EagleTrainConfig(TargetDataConfig):
                                           "low/mid/high fusion")
     ttt_steps: int = field(1, "training-time test: unrolled draft steps on its own features (1 = EAGLE-1/2)")
     ttt_decay: float = field(0.8, "loss weight of unrolled step i is ttt_decay ** i")
+    init_from: str = field("", "continue from an existing EAGLE draft (a folder, or default: the shipped one of this "
+                               "layout and feature layers), keeping its layout, features and draft vocabulary")
     init_from_target: bool = field(False, "start the draft's decoder layer as a copy of the target's last layer")
     layout: str = field("draftkit", "draft architecture: draftkit (its own) or reference (the zoo's: what vLLM / "
                                     "SGLang compute, exportable with train/export.py)")
@@ -176,6 +178,24 @@ class EagleLoss(nn.Module):
         return out
 
 
+def initial_draft(cfg, target):
+    """The draft of cfg.init_from (default: the shipped EAGLE-2 or EAGLE-3), checked against this run's settings."""
+    from draftkit.drafters.formats import load_eagle_draft
+
+    kind = "eagle3" if len(cfg.feature_layers) > 1 else "eagle"
+    folder = resolve_model(cfg.init_from, kind, "--init_from")
+    try:
+        draft = load_eagle_draft(folder, target).float().train()
+    except (OSError, ValueError) as err:
+        raise TrainError(f"--init_from {cfg.init_from}: {err}") from None
+    want = EagleDraftModel.from_target(target, cfg.feature_layers).config.feature_layers if cfg.layout == "draftkit" \
+        else make_draft(target, cfg.feature_layers, cfg.layout).config.feature_layers
+    if list(draft.config.feature_layers) != list(want):
+        raise TrainError(f"--init_from {cfg.init_from} reads hidden states {draft.config.feature_layers}, this run's "
+                         f"feature_layers are {want}")
+    return draft
+
+
 def draft_inputs(batch, layers: list[int], num_layers: int) -> torch.Tensor:
     """(B, T, F) the draft's input features: the target's hidden states at `layers`, concatenated."""
     picked = [batch.hidden[i + num_layers + 1 if i < 0 else i] for i in layers]
@@ -237,7 +257,9 @@ def main(argv=None):
                 n = max(1, vocab // 4) if len(cfg.feature_layers) > 1 else vocab
             if 0 < n < vocab:  # the most frequent tokens of what the draft trains on
                 draft_ids = frequent_tokens(data.rows.flatten(), vocab, n)
-        if cfg.parallel_depths:
+        if cfg.init_from:
+            draft = initial_draft(cfg, target)
+        elif cfg.parallel_depths:
             mask = cfg.mask_token_id if cfg.mask_token_id >= 0 else (
                 tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id)
             draft = make_peagle_draft(target, cfg.feature_layers, mask, draft_ids, cfg.init_from_target)

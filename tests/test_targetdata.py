@@ -1,0 +1,144 @@
+"""The drafters' one data path (train/targetdata.py): rows, conversations, regeneration, stored target outputs."""
+import json
+import os
+
+import pytest
+import torch
+from accelerate import Accelerator
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from draftkit.train.data import train_tokenizer
+from draftkit.train.targetdata import TargetDataConfig, render_conversation, target_data, target_outputs
+
+TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}<|end|>{% endfor %}"
+            "{% if add_generation_prompt %}<|assistant|>{% endif %}")
+CONVERSATIONS = [
+    [{"role": "user", "content": "def add(a, b):"}, {"role": "assistant", "content": "return a + b"},
+     {"role": "user", "content": "and sub?"}, {"role": "assistant", "content": "return a - b"}],
+    [{"role": "system", "content": "be brief"}, {"role": "user", "content": "import os"},
+     {"role": "assistant", "content": "os.path.join(a, b)"}],
+] * 12
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """A tokenizer with a chat template, a tiny target, a text corpus and a conversations file."""
+    import inspect
+    import textwrap
+
+    root = tmp_path_factory.mktemp("targetdata")
+    text = inspect.getsource(textwrap)
+    (root / "corpus.txt").write_text(text)
+    tok = train_tokenizer(text.splitlines() + [json.dumps(c) for c in CONVERSATIONS], vocab_size=400)
+    tok.chat_template = TEMPLATE
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=len(tok), hidden_size=32, num_hidden_layers=3,
+                                         num_attention_heads=4, num_key_value_heads=2, intermediate_size=64,
+                                         max_position_embeddings=256, eos_token_id=tok.eos_token_id)).eval()
+    with open(root / "chats.jsonl", "w") as fh:
+        for c in CONVERSATIONS:
+            fh.write(json.dumps({"messages": c}) + "\n")
+    return root, tok, model
+
+
+def config(root, **kw):
+    base = dict(corpus=str(root / "corpus.txt"), cache_dir=str(root / "cache"), output_dir=str(root / "out"),
+                seq_len=48, batch_size=4, train_rows=8, shard_rows=4, regen_prompt_len=16)
+    return TargetDataConfig(**{**base, **kw})
+
+
+def test_conversation_mask_marks_exactly_the_assistant_tokens(tiny):
+    _, tok, _ = tiny
+    conv = CONVERSATIONS[0]
+    ids, assistant = render_conversation(tok, conv, 256)
+    # the assistant tokens, decoded in order, are the assistant turns (and nothing of the user's)
+    said = tok.decode([t for t, a in zip(ids, assistant) if a])
+    assert said == "return a + b<|end|>return a - b<|end|>"
+    assert tok.decode(ids) == tok.apply_chat_template(conv, tokenize=False)
+
+
+def test_conversation_rows_train_on_assistant_tokens_only(tiny):
+    root, tok, model = tiny
+    cfg = config(root, corpus=str(root / "chats.jsonl"), messages_column="messages", data_mode="online", seq_len=128,
+                 cache_dir="")
+    data = target_data(cfg, model, tok, Accelerator(cpu=True))
+    replies = {"".join(m["content"] + "<|end|>" for m in c if m["role"] == "assistant") for c in CONVERSATIONS}
+    for row, mask in zip(data.rows.tolist(), data.mask.tolist()):
+        # mask[t] says token t + 1 is trained on: the trained tokens are one conversation's assistant turns
+        assert tok.decode([row[t + 1] for t in range(len(row) - 1) if mask[t]]) in replies
+        assert not mask[-1]
+
+
+def test_regenerated_rows_are_cached_and_reused(tiny, monkeypatch):
+    root, tok, model = tiny
+    cfg = config(root, regenerate=True, data_mode="online")
+    first = target_data(cfg, model, tok, Accelerator(cpu=True))
+    # the continuation is the target's own: greedy shard 0 equals greedy decoding of its prompt
+    prompt = first.rows[0, :cfg.regen_prompt_len].long()[None]
+    with torch.no_grad():
+        greedy = model.generate(input_ids=prompt, attention_mask=torch.ones_like(prompt), do_sample=False,
+                                max_new_tokens=cfg.seq_len - cfg.regen_prompt_len, pad_token_id=tok.eos_token_id)
+    n = greedy.shape[1]
+    assert first.rows[0, :n].tolist() == greedy[0].tolist()
+    assert not first.mask[:, :cfg.regen_prompt_len - 1].any() and first.mask[:, cfg.regen_prompt_len - 1].all()
+
+    def no_generation(*a, **k):
+        raise AssertionError("regenerated rows should come from the cache")
+
+    monkeypatch.setattr(type(model), "generate", no_generation)
+    again = target_data(cfg, model, tok, Accelerator(cpu=True))
+    assert torch.equal(first.rows, again.rows) and torch.equal(first.mask, again.mask)
+    fewer = target_data(config(root, regenerate=True, data_mode="online", train_rows=4), model, tok,
+                        Accelerator(cpu=True))  # fewer rows: the same first shard, nothing generated
+    assert torch.equal(fewer.rows, first.rows[:4])
+
+
+def test_cached_features_equal_a_fresh_forward_and_resume_mid_cache(tiny, monkeypatch):
+    root, tok, model = tiny
+    cfg = config(root, cache_dir=str(root / "cache2"), data_mode="cached")
+    calls = []
+    real = target_outputs
+
+    def crash_on_second_shard(target, ids, layers, chunk=16):
+        calls.append(ids.shape[0])
+        if len(calls) == 2:
+            raise KeyboardInterrupt("killed while storing features")
+        return real(target, ids, layers, chunk)
+
+    import draftkit.train.targetdata as td
+
+    monkeypatch.setattr(td, "target_outputs", crash_on_second_shard)
+    with pytest.raises(KeyboardInterrupt):
+        target_data(cfg, model, tok, Accelerator(cpu=True), layers=[1])
+    monkeypatch.setattr(td, "target_outputs", lambda *a, **k: (calls.append(a[1].shape[0]), real(*a, **k))[1])
+    calls.clear()
+    data = target_data(cfg, model, tok, Accelerator(cpu=True), layers=[1])
+    assert calls == [cfg.shard_rows]  # only the missing shard was computed again
+    b = data.batch(3)
+    fresh = real(model, b.ids, [1, 3])
+    assert set(b.hidden) == {1, 3}
+    for layer in (1, 3):  # fp16 storage: equal within fp16 rounding
+        torch.testing.assert_close(b.hidden[layer], fresh[layer], atol=2e-3, rtol=2e-3)
+    assert b.last is b.hidden[3]
+    feats = [d for d in os.listdir(root / "cache2") if d.startswith("feats-")]
+    assert len(feats) == 1 and sorted(os.listdir(root / "cache2" / feats[0])) == ["L1", "L3"]
+
+
+def test_epochs_visit_every_row_once_in_a_seeded_order(tiny):
+    root, tok, model = tiny
+    data = target_data(config(root, data_mode="online", cache_dir=""), model, tok, Accelerator(cpu=True))
+    n = data.rows.shape[0]
+    seen = torch.cat([data.indices(s) for s in range(n // 4)])
+    assert sorted(seen.tolist()) == list(range(n))
+    assert torch.equal(data.indices(5), data.indices(5)) and not torch.equal(
+        torch.cat([data.indices(s) for s in range(2)]), torch.cat([data.indices(s) for s in range(2, 4)]))
+
+
+def test_bad_settings_are_one_line_errors(tiny):
+    from draftkit.train.config import TrainError
+
+    root, _, _ = tiny
+    with pytest.raises(TrainError, match="data_mode"):
+        config(root, data_mode="disk")
+    with pytest.raises(TrainError, match="regen_prompt_len"):
+        config(root, regenerate=True, regen_prompt_len=48)
