@@ -261,7 +261,7 @@ class DFlashDrafter:
     """
 
     def __init__(self, target, draft: DFlashDraft, max_depth: int = 4, max_nodes: int = 8, top_k: int = 2,
-                 temperature: float | None = None, seed: int | None = None, sampling=None):
+                 temperature: float | None = None, sampling=None):
         block = draft.config.block_size
         if not 1 <= max_depth <= block - 1:
             raise ValueError(f"dflash drafts at most block_size - 1 = {block - 1} tokens per step (its trained "
@@ -277,7 +277,6 @@ class DFlashDrafter:
         self.hidden_layers = tuple(draft.config.target_layers)
         self.top_k, self.temperature, self.sampling = top_k, temperature, sampling
         self.budget_cap = Budget(max_depth, max_nodes if top_k > 1 else max_depth)
-        self.gen = torch.Generator().manual_seed(seed) if seed is not None else None
         # the block's input: slot 0 becomes the root each step, slots 1.. stay the mask token
         self.block = torch.full((1, block), draft.config.mask_token_id, dtype=torch.long, device=self.device)
         self.reset(None)
@@ -307,7 +306,7 @@ class DFlashDrafter:
                          torch.arange(start, root, device=self.device)[None], self.cache)  # the one forward
         self.todo = []
         logits = self.head(out[0, 1:].to(self.head.weight.dtype))  # (B - 1, V): depth j at row j - 1
-        return draft_from_depths(logits, state, self.top_k, self.gen, self.temperature, self.sampling)
+        return draft_from_depths(logits, state, self.top_k, self.temperature, self.sampling)
 
     @torch.no_grad()
     def update(self, result: StepResult) -> None:

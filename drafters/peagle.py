@@ -88,7 +88,7 @@ class PEagleDrafter(EagleDrafter):
         out = self._run(feats, tokens)  # (k + m, H): the one draft forward of this step
         self.cache.commit(list(range(k)))  # keep the true pairs; the placeholders' entries go
         self.todo, self.bank = [], out[k - 1:k]
-        return draft_from_depths(self._logits(out[k - 1:]), state, self.top_k, self.gen, self.temperature,
+        return draft_from_depths(self._logits(out[k - 1:]), state, self.top_k, self.temperature,
                                  self.sampling)
 
 

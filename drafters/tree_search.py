@@ -307,8 +307,8 @@ def depth_lookup(depth_logits: torch.Tensor) -> Forward:
     return forward
 
 
-def draft_from_depths(depth_logits: torch.Tensor, state, top_k: int, gen: torch.Generator | None = None,
-                      temperature: float | None = None, sampling=None) -> DraftTree:
+def draft_from_depths(depth_logits: torch.Tensor, state, top_k: int, temperature: float | None = None,
+                      sampling=None) -> DraftTree:
     """A chain or tree (as `draft`) from per-depth logits (D, V) computed in one draft forward. The budget's
     depth is capped at D. Under sampling each node's q is its depth's distribution: the one its token was drawn
     from, so the verifier's rule stays exact."""
@@ -317,7 +317,7 @@ def draft_from_depths(depth_logits: torch.Tensor, state, top_k: int, gen: torch.
         return DraftTree.empty(depth_logits.device)
     if state.budget.max_depth > depth:
         state = _with_depth(state, depth)
-    return draft(depth_logits[0], depth_lookup(depth_logits), state, top_k, gen, temperature, sampling)
+    return draft(depth_logits[0], depth_lookup(depth_logits), state, top_k, temperature, sampling)
 
 
 def _with_depth(state, depth: int):
