@@ -205,7 +205,7 @@ def member_trees(gen):
     return [det, wor, iid]
 
 
-def tested_once_only(tree: DraftTree) -> None:
+def first_draw_only(tree: DraftTree) -> None:
     """The deliberately wrong rule: a node proposed by several members is tested at its first draw only
     (the later draws of the same token, and what they take out of p, are forgotten)."""
     sd = tree.sibling_draws
@@ -216,7 +216,7 @@ def tested_once_only(tree: DraftTree) -> None:
 def merged_first_two(gen, wrong=False):
     tree = merge_trees(member_trees(gen), lambda m, d, r: 0.5, 0.0, 64).validate(V)
     if wrong:
-        tested_once_only(tree)
+        first_draw_only(tree)
     rows = [P1] + [P2[t] if tree.depth[i + 1] == 1 else torch.full((V,), 1 / V) for i, t in enumerate(tree.host_tokens)]
     acc, bonus = sample_accept(tree, torch.stack(rows), gen)
     toks = [tree.host_tokens[a] for a in acc] + [bonus]
