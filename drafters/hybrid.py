@@ -14,8 +14,8 @@ Each step:
    score; under sampling each member gets a share of the nodes, fixed before it drafts and in
    proportion to its calibrated expected gain, so that no member's draws are dropped because of
    another member's draws (that would bias the sample; see tree_merge.py).
-2. merge and cut: see tree_merge.py. The floor below which a node is not worth verifying is the
-   budget's `min_path_prob` (the controller's price of one more level), at least `min_chance`.
+2. merge and cut: see tree_merge.py. Nodes whose chance of being reached is below `min_chance` are
+   not verified; the rest are cut to the budget's node count, the likeliest kept.
 3. update: the calibration learns, per member, which of its draws were accepted at the slots the
    walk reached; accepted tokens are credited to the members that proposed them (split evenly when
    several did: `member_accepted`, which compare.py reports as shares). Every member is then told
@@ -139,7 +139,6 @@ class HybridDrafter:
         self.member_accepted = {m.name: 0.0 for m in self.members}  # accepted tokens credited, all time
         self._rate = [0.0, 0.0]  # decayed committed tokens, decayed seconds between steps
         self._last_step: float | None = None
-        self._floor_now = self.min_chance
 
     # --- state -----------------------------------------------------------------------------
     def reset(self, prompt) -> None:
@@ -154,11 +153,9 @@ class HybridDrafter:
                 m.drafter.forget()
 
     # --- proposing ---------------------------------------------------------------------------
-    def _floor(self, budget: Budget) -> float:
-        return max(self.min_chance, budget.min_path_prob)
-
     def _asked(self, floor: float) -> list[Member]:
-        """Members asked this step: those that pay, and those whose probe is due."""
+        """Members asked this step: those that pay, and those whose probe is due; when none is, every
+        skipping member is probed (the budget asks for a draft: the controller is probing the hybrid)."""
         for m in self.members:
             m.probe = False
         if not self.skip:
@@ -166,7 +163,6 @@ class HybridDrafter:
         out = []
         for i, m in enumerate(self.members):
             if m.skipping:
-                m.idle += 1
                 if m.idle < m.wait:
                     continue
                 m.probe = True
@@ -174,6 +170,10 @@ class HybridDrafter:
                 self._skip(m)  # its best node would be cut anyway: do not pay for drafting it
                 continue
             out.append(m)
+        if not out:
+            out = [m for m in self.members if m.skipping]
+            for m in out:
+                m.probe = True
         return out
 
     def _shares(self, asked: list[Member], budget: Budget, greedy: bool) -> dict[str, int]:
@@ -190,7 +190,7 @@ class HybridDrafter:
 
     def propose(self, state: DecodeState) -> DraftTree:
         budget = state.budget
-        self._floor_now = floor = self._floor(budget)
+        floor = self.min_chance
         asked = self._asked(floor)
         shares = self._shares(asked, budget, state.greedy)
         trees: list[DraftTree | None] = [None] * len(self.members)
@@ -240,6 +240,7 @@ class HybridDrafter:
         info = result.tree.extra if isinstance(result.tree.extra, MergedTree) else None
         credit = self._calibrate(info, result.accepted) if info is not None else {}
         for i, m in enumerate(self.members):
+            m.idle += m.skipping  # steps waited for the next probe
             t0 = time.perf_counter()
             m.drafter.update(self._member_result(i, m, result, info))
             if info is not None and info.trees[i] is not None:
@@ -263,7 +264,7 @@ class HybridDrafter:
         m.cost_s = seconds if m.asked == 1 else keep * m.cost_s + (1 - keep) * seconds
         rate = self._rate[0] / self._rate[1] if self._rate[1] > 0 else 0.0
         worth = m.asked < MIN_ASKED or m.value >= m.cost_s * rate
-        pays = worth and self.calibration.chance(i, 1, 0) >= self._floor_now
+        pays = worth and self.calibration.chance(i, 1, 0) >= self.min_chance
         if m.probe:
             m.probe = False
             if pays:
