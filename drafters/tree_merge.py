@@ -28,6 +28,7 @@ from typing import Callable
 
 import torch
 
+from draftkit.drafters.tree_search import depth_first
 from draftkit.verify.contract import WITHOUT_REPLACEMENT, DraftTree, SiblingDraws
 
 MAX_CHANCE = 0.99  # a child always scores strictly below its parent
@@ -125,19 +126,6 @@ def _score(parents, draws, floor: float, keep_all) -> list[float]:
     return score
 
 
-def _depth_first(parents, score, keep) -> list[int]:
-    """Kept nodes depth-first, best child first: a fully accepted best branch commits without moving entries."""
-    kids: dict[int, list[int]] = {}
-    for i in sorted(keep, key=lambda i: -score[i]):
-        kids.setdefault(parents[i], []).append(i)
-    flat, stack = [], list(reversed(kids.get(-1, [])))
-    while stack:
-        i = stack.pop()
-        flat.append(i)
-        stack.extend(reversed(kids.get(i, [])))
-    return flat
-
-
 def merge_trees(trees: list[DraftTree | None], chance: Callable[[int, int, int], float], floor: float,
                 max_nodes: int, keep_all=frozenset(), device=None) -> DraftTree:
     """One tree from the members' trees (see the module notes); .extra is a `MergedTree`."""
@@ -148,7 +136,7 @@ def merge_trees(trees: list[DraftTree | None], chance: Callable[[int, int, int],
     for i, p in enumerate(parents):
         depth[i] = 1 if p < 0 else depth[p] + 1
     keep = set(sorted(alive, key=lambda i: (-score[i], depth[i], i))[:max_nodes])
-    flat = _depth_first(parents, score, keep)
+    flat = depth_first(parents, sorted(keep, key=lambda i: -score[i]))
     index = {old: new for new, old in enumerate(flat)}
     info = MergedTree([draws[i] for i in flat],
                       [None if w is None else [index.get(v) for v in w] for w in where], list(trees))

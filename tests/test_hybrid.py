@@ -17,12 +17,12 @@ from draftkit.drafters.registry import settings_for
 from draftkit.drafters.standalone import StandaloneDrafter
 from draftkit.drafters.suffix import SuffixDrafter
 from draftkit.drafters.tree_merge import merge_trees
-from draftkit.verify.accept import Sampling, sample_accept
+from draftkit.verify.accept import Sampling
 from draftkit.verify.contract import IID, WITHOUT_REPLACEMENT, Budget, DecodeState, DraftTree, SiblingDraws
 from draftkit.verify.decode import generate as _generate
 from tests.models import tiny_model
-from tests.test_sampled_trees import (EXACT12, P1, P2, PROMPT, Q1, Q2, V, VE, chi2_pvalue, eagle_pair,
-                                      fit_pvalues, gumbel_order, tv)
+from tests.test_sampled_trees import (EXACT12, Q1, Q2, V, VE, chi2_pvalue, eagle_pair, first_two, fit_pvalues,
+                                      gumbel_order, tv)
 
 torch.set_num_threads(1)
 P_OK, P_WRONG = 1e-3, 1e-6
@@ -217,12 +217,7 @@ def merged_first_two(gen, wrong=False):
     tree = merge_trees(member_trees(gen), lambda m, d, r: 0.5, 0.0, 64).validate(V)
     if wrong:
         first_draw_only(tree)
-    rows = [P1] + [P2[t] if tree.depth[i + 1] == 1 else torch.full((V,), 1 / V) for i, t in enumerate(tree.host_tokens)]
-    acc, bonus = sample_accept(tree, torch.stack(rows), gen)
-    toks = [tree.host_tokens[a] for a in acc] + [bonus]
-    if len(toks) == 1:
-        toks.append(int(torch.multinomial(P2[toks[0]], 1, generator=gen)))
-    return toks[0], toks[1]
+    return first_two(tree, gen)
 
 
 def merged_counts(n, seed, **kw):
