@@ -158,13 +158,15 @@ def _unshipped(args) -> set[str]:
 
 
 def check_drafters(args, choices) -> None:
-    from draftkit.drafters.registry import uses
+    from draftkit.drafters.registry import REGISTRY, uses
     from draftkit.eval.drafter_flags import drafter_settings
 
     if args.drafters.strip() == "all":
         choices = tuple(c for c in choices if c not in _unshipped(args))
     args.drafter_names = check.names("--drafters", args.drafters, choices, "all")
-    running = {m for name in args.drafter_names for m in uses(name, **drafter_settings(args, name))}
+    running = set(args.drafter_names)  # with a hybrid's members, which the model flags may feed
+    for name in set(args.drafter_names) & set(REGISTRY):
+        running.update(uses(name, **drafter_settings(args, name)))
     for flag, users in MODEL_FLAGS.items():
         if getattr(args, flag[2:]) is not None and not set(users) & running:
             raise UsageError(f"{flag} is given but --drafters ({', '.join(args.drafter_names)}) has no "

@@ -136,13 +136,13 @@ def _draw_table(tree: DraftTree, device):
     slots = [s for s, draws in enumerate(order) if draws]
     width = max(len(order[s]) for s in slots)
     pad = [(-1, -1, -1)] * width
-    cells = [[d for d in order[s]] + pad[:width - len(order[s])] for s in slots]
-    node = [[d[0] for d in row] for row in cells]
-    row = [[d[1] for d in row] for row in cells]
-    fresh = [[j == 0 or row_[j][2] != row_[j - 1][2] for j in range(width)] for row_ in cells]
-    wor = [[d[2] >= 0 and group_wor[d[2]] for d in row_] for row_ in cells]
+    cells = [list(order[s]) + pad[:width - len(order[s])] for s in slots]
+    node = [[d[0] for d in cell] for cell in cells]
+    qrow = [[d[1] for d in cell] for cell in cells]
+    fresh = [[j == 0 or cell[j][2] != cell[j - 1][2] for j in range(width)] for cell in cells]
+    wor = [[d[2] >= 0 and group_wor[d[2]] for d in cell] for cell in cells]
     as_t = lambda x, dt: torch.tensor(x, dtype=dt, device=device)  # noqa: E731
-    return (slots, as_t(node, torch.long), as_t(row, torch.long), as_t(fresh, torch.bool), as_t(wor, torch.bool),
+    return (slots, as_t(node, torch.long), as_t(qrow, torch.long), as_t(fresh, torch.bool), as_t(wor, torch.bool),
             None if q is None else q.float())
 
 
