@@ -41,6 +41,7 @@ each draw's q), so a duplicate costs no forward row and biases nothing.
 """
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass, field
 
@@ -202,8 +203,7 @@ class HybridDrafter:
             mine = Budget(min(budget.max_depth, cap.max_depth), min(shares[m.name], cap.max_nodes),
                           budget.min_path_prob)
             t0 = time.perf_counter()
-            tree = m.drafter.propose(DecodeState(state.tokens, state.prompt_len, mine, state.greedy,
-                                                 state.temperature, state.sampling)).validate()
+            tree = m.drafter.propose(dataclasses.replace(state, budget=mine)).validate()
             m.propose_s = time.perf_counter() - t0
             if len(tree) > mine.max_nodes or tree.max_depth > mine.max_depth or tree.sibling_draws is not None:
                 tree = DraftTree.empty(state.tokens.device).validate()  # a member that ignored its budget

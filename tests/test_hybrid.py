@@ -256,7 +256,7 @@ def suffix_eagle_counts(n: int):
     target, draft = eagle_pair()
     prompt = torch.tensor([1, 2, 3, 1, 2, 3, 1, 2])  # the suffix index proposes the repetition
     exact = exact_tokens_2_3(target, prompt, 0.8)
-    eagle = EagleDrafter(target, draft, max_depth=2, top_k=4, max_nodes=6, seed=0)
+    eagle = EagleDrafter(target, draft, max_depth=2, top_k=4, max_nodes=6)
     hybrid = HybridDrafter([("suffix", SuffixDrafter(use_global=False)), ("eagle", eagle)], max_depth=2, max_nodes=6,
                            skip=False)  # both members draft every step, whatever they cost
     counts, accepted = torch.zeros(VE, VE), 0
