@@ -61,12 +61,41 @@ class LookaheadSettings(BudgetSettings):
 
 
 @dataclass
+class HybridSettings(BudgetSettings):
+    max_depth: int = _knob(12, "most levels of the merged tree per step (each member keeps its own cap too)")
+    max_nodes: int = _knob(24, "most nodes of the merged tree per step (each member keeps its own cap too)")
+    members: str = _knob("suffix,eagle", "comma list of the drafters whose trees it merges, two or more")
+    min_chance: float = _knob(0.05, "nodes whose calibrated chance of being reached is below this are not "
+                                    "verified, in [0, 1)")
+    probe_every: int = _knob(8, "steps a member that does not pay waits before it is asked again "
+                                "(doubling up to 16)")
+
+    def __post_init__(self):
+        names = member_names(self.members)
+        bad = [n for n in names if n not in REGISTRY or REGISTRY[n].settings is HybridSettings]
+        if bad:
+            members = ", ".join(n for n, e in REGISTRY.items() if e.settings is not HybridSettings)
+            raise ValueError(f"hybrid members {', '.join(bad)} are not drafters it can merge; choose from {members}")
+        if len(names) < 2 or len(set(names)) != len(names):
+            raise ValueError(f"hybrid members must be two or more different drafters, got {self.members!r}")
+        if not 0.0 <= self.min_chance < 1.0:  # also rejects nan
+            raise ValueError(f"min_chance must be in [0, 1), got {self.min_chance}")
+        if self.probe_every < 1:
+            raise ValueError(f"probe_every must be >= 1, got {self.probe_every}")
+
+
+def member_names(text: str) -> list[str]:
+    return [n.strip() for n in str(text).split(",") if n.strip()]
+
+
+@dataclass
 class Entry:
     settings: type
     build: Callable  # (target, path, tokenizer, settings) -> Drafter
     default_model: str | None  # the zoo folder used when no path is given
     about: str
     train_hint: str = ""  # how to make the model when the zoo does not ship it (compare.py's `all` then skips it)
+    composite: bool = False  # made of other drafters: its path is a {zoo folder: path} mapping for them
 
 
 def _standalone(target, path, tokenizer, s: StandaloneSettings):
@@ -132,6 +161,14 @@ def _lookahead(target, path, tokenizer, s: LookaheadSettings):
     return LookaheadDrafter(**dataclasses.asdict(s))
 
 
+def _hybrid(target, paths, tokenizer, s: HybridSettings):
+    from draftkit.drafters.hybrid import HybridDrafter
+
+    paths = paths or {}
+    members = [(n, build(n, target, paths.get(REGISTRY[n].default_model), tokenizer)) for n in member_names(s.members)]
+    return HybridDrafter(members, s.max_depth, s.max_nodes, s.min_chance, s.probe_every)
+
+
 REGISTRY: dict[str, Entry] = {
     "standalone": Entry(StandaloneSettings, _standalone, "draft", "a small causal LM: a chain (or top-k tree)"),
     "medusa": Entry(MedusaSettings, _medusa, "medusa", "Medusa heads: a sparse tree of head top-k choices"),
@@ -164,6 +201,15 @@ def _suffix_entry() -> None:
 
 
 _suffix_entry()
+REGISTRY["hybrid"] = Entry(HybridSettings, _hybrid, None, "several drafters' trees merged into one, cut by "
+                           "calibrated chance per member (drafters/hybrid.py)", composite=True)
+
+
+def uses(name: str, **flags) -> list[str]:
+    """The drafters that method `name` runs: itself, or a composite's members."""
+    if REGISTRY[name].composite:
+        return member_names(settings_for(name, **flags).members)
+    return [name]
 
 
 def settings_for(name: str, **flags):
@@ -181,7 +227,8 @@ def settings_for(name: str, **flags):
     return cls(**flags)
 
 
-def build(name: str, target, path: str | None = None, tokenizer=None, **flags):
-    """A drafter by name. `path`: its model / heads (None: the shipped default)."""
+def build(name: str, target, path=None, tokenizer=None, **flags):
+    """A drafter by name. `path`: its model / heads (None: the shipped default); for a composite
+    drafter (hybrid), a {zoo folder: path} mapping for its members, e.g. {"eagle": "my/eagle"}."""
     settings = settings_for(name, **flags)
     return REGISTRY[name].build(target, path, tokenizer, settings)

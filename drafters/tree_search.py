@@ -252,19 +252,25 @@ def _select(toks, pars, scores, depths, run_order, total: int, device) -> DraftT
             i = pars[i]
         if len(keep) + len(chain) <= total:
             keep.update(chain)
-    # depth-first along the best child first, so a fully accepted best branch commits without copies
+    flat = depth_first(pars, sorted(keep, key=lambda i: -scores[i]))
+    index = {old: new for new, old in enumerate(flat)}
+    entry = {nid: e for e, nid in enumerate(run_order)}
+    return DraftTree.from_lists([toks[i] for i in flat], [index[pars[i]] if pars[i] >= 0 else -1 for i in flat],
+                                device, extra=[entry.get(i, -1) for i in flat])
+
+
+def depth_first(parents: list[int], best_first: list[int]) -> list[int]:
+    """The nodes of `best_first` (a tree: every parent among them, -1 the root) depth-first, each node's
+    children best first: a fully accepted best branch then commits without moving KV entries."""
     kids: dict[int, list[int]] = {}
-    for i in sorted(keep, key=lambda i: -scores[i]):
-        kids.setdefault(pars[i], []).append(i)
+    for i in best_first:
+        kids.setdefault(parents[i], []).append(i)
     flat, stack = [], list(reversed(kids.get(-1, [])))
     while stack:
         i = stack.pop()
         flat.append(i)
         stack.extend(reversed(kids.get(i, [])))
-    index = {old: new for new, old in enumerate(flat)}
-    entry = {nid: e for e, nid in enumerate(run_order)}
-    return DraftTree.from_lists([toks[i] for i in flat], [index[pars[i]] if pars[i] >= 0 else -1 for i in flat],
-                                device, extra=[entry.get(i, -1) for i in flat])
+    return flat
 
 
 def kept_entries(tree: DraftTree, accepted: list[int]) -> list[int]:

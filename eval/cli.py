@@ -50,8 +50,9 @@ def build_parser(description: str | None = None) -> Parser:
     ap = Parser(prog="compare.py", description=description, formatter_class=HelpFormatter)
     ap.add_argument("--drafters", default="all",
                     help="comma list of drafters (standalone, medusa, eagle, eagle-chain: EAGLE drafting a chain "
-                         "of --max-depth, eagle3, lookahead, suffix, peagle, dflash) or 'all' (peagle and dflash only once "
-                         "their drafts are shipped or named by --peagle / --dflash) (default: %(default)s)")
+                         "of --max-depth, eagle3, lookahead, suffix, peagle, dflash, hybrid: the trees of "
+                         "--hybrid-members merged into one) or 'all' (peagle and dflash only once their drafts are "
+                         "shipped or named by --peagle / --dflash) (default: %(default)s)")
     ap.add_argument("--target", help="target: HF hub id or folder (default: the shipped target, zoo/target)")
     ap.add_argument("--draft", help="standalone draft model: HF hub id or folder (default: the shipped draft)")
     ap.add_argument("--medusa", help="saved Medusa heads folder (default: the shipped heads)")
@@ -157,11 +158,17 @@ def _unshipped(args) -> set[str]:
 
 
 def check_drafters(args, choices) -> None:
+    from draftkit.drafters.registry import REGISTRY, uses
+    from draftkit.eval.drafter_flags import drafter_settings
+
     if args.drafters.strip() == "all":
         choices = tuple(c for c in choices if c not in _unshipped(args))
     args.drafter_names = check.names("--drafters", args.drafters, choices, "all")
+    running = set(args.drafter_names)  # with a hybrid's members, which the model flags may feed
+    for name in set(args.drafter_names) & set(REGISTRY):
+        running.update(uses(name, **drafter_settings(args, name)))
     for flag, users in MODEL_FLAGS.items():
-        if getattr(args, flag[2:]) is not None and not set(users) & set(args.drafter_names):
+        if getattr(args, flag[2:]) is not None and not set(users) & running:
             raise UsageError(f"{flag} is given but --drafters ({', '.join(args.drafter_names)}) has no "
                              f"{' or '.join(users)}")
 

@@ -81,9 +81,11 @@ def build_methods(args, target, tokenizer, on_error=None):
     budgets = ("auto", "fixed") if args.budget == "both" else (args.budget,)
     for name in args.drafter_names:
         entry = REGISTRY[name]
+        # a composite drafter (hybrid) gets every model flag, for its members
+        path = model_flag if entry.composite else model_flag.get(entry.default_model)
         try:  # one drafter per budget: each keeps its own state (and the controller what it learned)
-            drafters = [dk.make_drafter(name, target, model_flag.get(entry.default_model), tokenizer=tokenizer,
-                                        **drafter_settings(args, name)) for _ in budgets]
+            drafters = [dk.make_drafter(name, target, path, tokenizer=tokenizer, **drafter_settings(args, name))
+                        for _ in budgets]
         except Exception as exc:  # noqa: BLE001 - one drafter that cannot be built must not stop the others
             if on_error is None:
                 raise
@@ -93,7 +95,9 @@ def build_methods(args, target, tokenizer, on_error=None):
             cap = drafter.budget_cap
             about = f"{entry.about}; caps: depth {cap.max_depth}, {cap.max_nodes} nodes; budget {budget}"
             label = f"{name} fixed" if args.budget == "both" and budget == "fixed" else name
-            methods.append(Method(label, ours(drafter, budget), footprint=memory(drafter), about=about))
+            counters = getattr(drafter, "member_accepted", None)  # a hybrid's accepted tokens per member
+            methods.append(Method(label, ours(drafter, budget), footprint=memory(drafter), about=about,
+                                  counters=None if counters is None else counters.copy))
         drafter = drafters[0]
         cap = drafter.budget_cap
         if args.no_peers or args.temperature > 0:

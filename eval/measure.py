@@ -28,6 +28,7 @@ class Method:
     kind: str = "draftkit"  # "draftkit" (our loop), "peer" (transformers' generate)
     footprint: Callable[[], dict] | None = None  # bytes the method holds beside the target (eval/footprint.py)
     about: str = ""  # its settings, for the table
+    counters: Callable[[], dict] | None = None  # the drafter's own running totals (a hybrid's accepted tokens per member)
 
 
 @dataclass
@@ -39,6 +40,7 @@ class Result:
     stats_by_prompt: dict[int, DecodeStats] = field(default_factory=dict)  # every repeat merged
     memory: dict[str, int] = field(default_factory=dict)  # largest footprint seen after a run
     failed: dict[int, str] = field(default_factory=dict)  # prompt -> error message
+    counters: dict[str, float] = field(default_factory=dict)  # what the method's counters gained in these runs
 
     def tokens_per_s_over(self, prompts) -> list[float]:
         """Per repeat: tokens / seconds summed over `prompts`."""
@@ -71,6 +73,7 @@ def measure(methods: list[Method], prompts: list[list[int]], repeats: int, progr
             on_error: Callable[[str, int, str, str], None] | None = None) -> dict[str, Result]:
     """on_error(method name, prompt index, one-line message, traceback) is called once per failure."""
     results = {m.name: Result(outputs=[None] * len(prompts)) for m in methods}
+    before = {m.name: m.counters() for m in methods if m.counters is not None}
     for r in range(repeats):
         for m in methods:
             results[m.name].seconds.append({})
@@ -100,6 +103,10 @@ def measure(methods: list[Method], prompts: list[list[int]], repeats: int, progr
                             res.memory = {k: max(res.memory.get(k, 0), v) for k, v in m.footprint().items()}
                 if progress is not None:
                     progress.update(1)
+    for m in methods:
+        if m.counters is not None:
+            now = m.counters()
+            results[m.name].counters = {k: v - before[m.name].get(k, 0) for k, v in now.items()}
     return results
 
 

@@ -82,6 +82,11 @@ def format_table(report: dict) -> str:
                      f"{r['tokens_per_s']:7.1f} {spread:>16} {_f(r.get('predicted_speedup'), '5.2f')} "
                      f"{budget:>8} {_f(r.get('seeds_k_star'), '3d')} "
                      f"{_f(draft, '6.0f')} {_f(added_mb(r), '7.1f')} {lossless:>9}  {by_depth}")
+    shares = [f"{r['task']} {r['drafter']}: " + ", ".join(f"{k} {v:.2f}" for k, v in r["member_shares"].items())
+              for r in report["rows"] if r.get("member_shares")]
+    if shares:
+        lines += ["", "share of accepted tokens per member (a token several members proposed is split evenly):"]
+        lines += ["  " + s for s in shares]
     for r in failed:
         where = f" on {r['prompt']}" if r.get("prompt") else ""
         lines.append(f"FAILED {r['task']} {r['drafter']}{where}: {r['error']}")

@@ -42,6 +42,12 @@ def cost_model(steps, plain_step_s: float, cost_curve) -> float | None:
     return committed / cost
 
 
+def member_shares(counters: dict[str, float]) -> dict[str, float] | None:
+    """A hybrid's share of accepted tokens per member (a token several members proposed is split evenly)."""
+    total = sum(counters.values())
+    return {k: v / total for k, v in counters.items()} if total else ({k: 0.0 for k in counters} or None)
+
+
 def method_row(task: str, m: Method, res: Result, base: Result, plain_step_s: float, greedy: bool,
                cost_curve=None) -> dict | None:
     ok = [i for i in range(len(base.outputs)) if i not in res.failed and i not in base.failed]
@@ -81,6 +87,7 @@ def method_row(task: str, m: Method, res: Result, base: Result, plain_step_s: fl
         "added_bytes": {k: mem.get(k, 0) for k in ("params", "kv", "buffers")} if m.footprint or plain else None,
         "lossless": (same == total) if greedy else None,
         "identical_outputs": f"{same}/{total}" if greedy else None,
+        "member_shares": member_shares(res.counters),
         # the raw timings, [repeat][prompt] (null: failed), to recompute any figure above
         "seconds": [[secs.get(i) for i in range(len(base.outputs))] for secs in res.seconds],
         "tokens": [[toks.get(i) for i in range(len(base.outputs))] for toks in res.tokens],

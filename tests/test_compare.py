@@ -22,7 +22,7 @@ def test_quick_compare_runs_and_nothing_is_lost(tmp_path):
     report = json.loads((out / "compare.json").read_text())
     assert len((out / "rows.jsonl").read_text().splitlines()) == len(report["rows"])
     rows = report["rows"]
-    assert {r["drafter"] for r in rows} >= {"plain", "standalone", "medusa", "eagle", "eagle-chain", "eagle3",
+    assert {r["drafter"] for r in rows} >= {"plain", "standalone", "medusa", "eagle", "eagle-chain", "eagle3", "hybrid",
                                             "lookahead", "suffix"}
     for row in rows:
         assert ROW_KEYS <= set(row), row
@@ -33,6 +33,11 @@ def test_quick_compare_runs_and_nothing_is_lost(tmp_path):
     assert any(r["tau"] > 1.2 for r in drafted)  # trained drafters are accepted
     assert (out / "speedup.png").exists() and (out / "compare.txt").exists()
     assert (out / "budget_vs_acceptance.png").exists()  # the default budget is the controller's
+    for row in (r for r in rows if r["drafter"] == "hybrid"):  # each member's share of accepted tokens
+        shares = row["member_shares"]
+        assert set(shares) == {"suffix", "eagle"} and sum(shares.values()) in (pytest.approx(1.0), 0.0), shares
+    assert "share of accepted tokens per member" in (out / "compare.txt").read_text()
+    assert all(r.get("member_shares") is None for r in rows if r["drafter"] != "hybrid")
 
 
 @pytest.mark.slow

@@ -121,55 +121,77 @@ def _draw(p: torch.Tensor, gen: torch.Generator | None) -> int:
     return int(torch.multinomial(p, 1, generator=gen))
 
 
-def _sibling_table(tree: DraftTree, device) -> tuple[list[int], torch.Tensor]:
-    """Slots that have children and a (R, C) table of their child node indices, -1 padded."""
-    slots = [s for s, kids in enumerate(tree.children) if kids]
-    width = max(len(tree.children[s]) for s in slots)
-    table = [[c - 1 for c in tree.children[s]] + [-1] * (width - len(tree.children[s])) for s in slots]
-    return slots, torch.tensor(table, dtype=torch.long, device=device)
+def _draw_table(tree: DraftTree, device):
+    """The draws behind each slot's children, in test order: (slots with children, node (R, C) child node of
+    each draw (-1 pads), row (R, C) its q row (-1: one-hot), fresh (R, C) a new group starts here,
+    wor (R, C) its group drew without replacement, q (m, V) or None). A plain tree has one group per slot
+    (its children in order, node i's q in row i); a merged tree lists its draws (contract.SiblingDraws)."""
+    merged = tree.sibling_draws
+    if merged is None:
+        wor = tree.draws == WITHOUT_REPLACEMENT
+        order = [[(c - 1, c - 1 if tree.q is not None else -1, 0) for c in kids] for kids in tree.children]
+        q, group_wor = tree.q, [wor]
+    else:
+        order, q, group_wor = merged.order, merged.q, merged.without_replacement
+    slots = [s for s, draws in enumerate(order) if draws]
+    width = max(len(order[s]) for s in slots)
+    pad = [(-1, -1, -1)] * width
+    cells = [list(order[s]) + pad[:width - len(order[s])] for s in slots]
+    node = [[d[0] for d in cell] for cell in cells]
+    qrow = [[d[1] for d in cell] for cell in cells]
+    fresh = [[j == 0 or cell[j][2] != cell[j - 1][2] for j in range(width)] for cell in cells]
+    wor = [[d[2] >= 0 and group_wor[d[2]] for d in cell] for cell in cells]
+    as_t = lambda x, dt: torch.tensor(x, dtype=dt, device=device)  # noqa: E731
+    return (slots, as_t(node, torch.long), as_t(qrow, torch.long), as_t(fresh, torch.bool), as_t(wor, torch.bool),
+            None if q is None else q.float())
 
 
 def sample_accept(tree: DraftTree, p_all: torch.Tensor, gen: torch.Generator | None = None) -> tuple[list[int], int]:
     """Lossless multi-draft speculative sampling over the tree. p_all is (n + 1, V).
 
-    The outcome at a slot depends only on that slot's p, its children and fresh randomness, so
-    every slot is decided at once, one sibling rank at a time with tensor ops (R slots with
-    children, C the most children of one slot); the walk from the root then reads the results
+    The outcome at a slot depends only on that slot's p, its draws and fresh randomness, so
+    every slot is decided at once, one draw rank at a time with tensor ops (R slots with
+    children, C the most draws at one slot); the walk from the root then reads the results
     back once. Uniforms drawn for slots off the accepted path are simply never used.
-    Per sibling j of a slot, with p the slot's current (residual) distribution:
-      iid draws (SpecInfer):  accept x_j w.p. min(1, p(x_j) / q(x_j)); else p <- norm(max(p - q, 0))
+    Per draw j of a slot (a child x_j with its q_j), with p the slot's current (residual) distribution:
+      iid draws (SpecInfer):  accept x_j w.p. min(1, p(x_j) / q_j(x_j)); else p <- norm(max(p - q_j, 0))
       without replacement (recursive rejection sampling, Jeon et al. 2024): q_j is q with the
         earlier siblings' tokens removed and renormalized; accept w.p. min(1, p(x_j) / q_j(x_j));
         else p <- norm(max(p - q_j, 0)). Exact when a slot's children, in order, are its first
         draws and their number was fixed before they were seen (it may depend on earlier
         siblings, never on the kept or dropped draws themselves: see drafters/tree_search.py)
-      one-hot q (q is None): accept w.p. p(x_j); else p(x_j) <- 0 and renormalize.
+      one-hot q (deterministic): accept w.p. p(x_j); else p(x_j) <- 0 and renormalize.
+    A merged tree (contract.SiblingDraws) mixes these per group: each group's draws follow their own
+    rule, groups follow each other (independent draws with different q: SpecInfer's multi-step rule),
+    and a node drawn by several groups is tested at each of its draws.
     The bonus is drawn from what remains of p at the slot where the walk stops.
     """
     dev = p_all.device
     final = p_all.float().clone()  # (S, V): the distribution each slot's bonus is drawn from
     rank = None
     if len(tree):
-        slots, kids = _sibling_table(tree, dev)  # (R, C)
+        slots, kids, qrow, fresh, wor, q_all = _draw_table(tree, dev)  # (R, C) each
         rows = torch.tensor(slots, device=dev)
         p = final[rows]  # (R, V)
-        xs = tree.tokens[kids.clamp_min(0)]  # (R, C) sibling tokens
+        xs = tree.tokens[kids.clamp_min(0)]  # (R, C) drawn tokens
         u = torch.rand(kids.shape, generator=gen, device=dev)
         rank = torch.full((len(slots),), -1, dtype=torch.long, device=dev)
-        q_sib = None if tree.q is None else tree.q.float()[kids.clamp_min(0)]  # (R, C, V)
-        removed = torch.zeros_like(p) if tree.draws == WITHOUT_REPLACEMENT else None
+        removed = torch.zeros_like(p) if q_all is not None and bool(wor.any()) else None
         for j in range(kids.shape[1]):
             live = (kids[:, j] >= 0) & (rank < 0)
             x = xs[:, j:j + 1]
             px = p.gather(1, x)[:, 0]
-            if q_sib is None:
+            if q_all is None:  # every draw deterministic
                 ratio, q_j = px, None
             else:
-                q_j = q_sib[:, j]
-                if removed is not None:  # the earlier siblings cannot be drawn again
-                    q_j = q_j * (1 - removed)
-                    q_j = q_j / q_j.sum(-1, keepdim=True).clamp_min(1e-30)
-                    removed = removed.scatter(1, x, 1.0)
+                one_hot = torch.zeros_like(p).scatter_(1, x, 1.0)
+                q_j = torch.where((qrow[:, j] < 0)[:, None], one_hot, q_all[qrow[:, j].clamp_min(0)])
+                if removed is not None:  # the group's earlier draws cannot be drawn again
+                    removed = torch.where(fresh[:, j, None], 0.0, removed)
+                    w = wor[:, j, None]
+                    kept = q_j * (1 - removed)
+                    q_j = torch.where(w, kept / kept.sum(-1, keepdim=True).clamp_min(1e-30), q_j)
+                    removed = torch.where(w, removed.scatter(1, x, 1.0), removed)
                 ratio = px / q_j.gather(1, x)[:, 0].clamp_min(1e-20)
             ok = live & (u[:, j] < ratio)
             rank = torch.where(ok, j, rank)
@@ -184,9 +206,11 @@ def sample_accept(tree: DraftTree, p_all: torch.Tensor, gen: torch.Generator | N
         return [], int(bonus[0])
     host = torch.cat([rank, bonus]).tolist()  # the one host read of the step
     rank_of, bonus = dict(zip(slots, host[:len(slots)])), host[len(slots):]
+    merged = tree.sibling_draws
     slot, accepted = 0, []
     while rank_of.get(slot, -1) >= 0:
-        slot = tree.children[slot][rank_of[slot]]
+        j = rank_of[slot]
+        slot = merged.order[slot][j][0] + 1 if merged is not None else tree.children[slot][j]
         accepted.append(slot - 1)
     return accepted, bonus[slot]
 

@@ -21,6 +21,42 @@ IID, WITHOUT_REPLACEMENT = "iid", "without_replacement"
 
 
 @dataclass
+class SiblingDraws:
+    """The draws behind each slot's children when one tree merges the proposals of several drafters
+    that drew independently of each other (drafters/hybrid.py).
+
+    order[s] (slot s: 0 = root, i + 1 = node i) lists the draws behind slot s's children in the
+    order the verifier tests them, as (node, row, group):
+      node:  the child node the draw proposed. A token proposed by several drafters is one node
+             (the target verifies it once), listed once per draw and tested at each
+      row:   the draw's distribution is q[row] (q: (m, V)); -1 is a deterministic draw (one-hot q)
+      group: the drafter that drew it. The draws of one group at a slot are consecutive; they were
+             drawn from q without replacement when without_replacement[group], else independently.
+    Different groups drew independently of each other, so the verifier applies multi-step
+    speculative sampling across them (SpecInfer) and recursive rejection sampling within a group
+    that drew without replacement (verify/accept.py)."""
+
+    order: list[list[tuple[int, int, int]]]
+    q: torch.Tensor | None
+    without_replacement: list[bool]
+
+    def check(self, children: list[list[int]]) -> None:
+        if len(self.order) != len(children):
+            raise ValueError(f"SiblingDraws lists {len(self.order)} slots; the tree has {len(children)}")
+        rows = 0 if self.q is None else self.q.shape[0]
+        for s, draws in enumerate(self.order):
+            if {node + 1 for node, _, _ in draws} != set(children[s]):
+                raise ValueError(f"SiblingDraws of slot {s} name nodes {sorted(n for n, _, _ in draws)}, "
+                                 f"its children are {sorted(c - 1 for c in children[s])}")
+            groups = [g for _, _, g in draws]
+            if any(g != h and g in groups[:i] for i, (g, h) in enumerate(zip(groups[1:], groups), 1)):
+                raise ValueError(f"SiblingDraws of slot {s}: the draws of a group must be consecutive, got {groups}")
+            if any(not -1 <= r < rows for _, r, _ in draws) or any(not 0 <= g < len(self.without_replacement)
+                                                                    for g in groups):
+                raise ValueError(f"SiblingDraws of slot {s}: a q row or group out of range in {draws}")
+
+
+@dataclass
 class DraftTree:
     """Draft nodes in topological order (a parent always comes before its child).
 
@@ -32,6 +68,8 @@ class DraftTree:
     draws:   IID (siblings drawn independently from q, SpecInfer) or WITHOUT_REPLACEMENT
              (siblings drawn from q without replacement; recursive rejection sampling)
     extra:   the drafter's own bookkeeping, handed back in StepResult.tree
+    sibling_draws: None, or the draws of several independent drafters behind each slot's children
+             (`SiblingDraws`, a merged tree); it then replaces q and draws for acceptance
 
     `validate()` runs once per step and keeps host copies of the topology (parents, depth,
     children), so nothing downstream reads the tensors back one node at a time.
@@ -42,6 +80,7 @@ class DraftTree:
     q: torch.Tensor | None = None
     draws: str = IID
     extra: object = None
+    sibling_draws: SiblingDraws | None = None
     _parents: list[int] | None = field(default=None, repr=False)
     _tokens: list[int] | None = field(default=None, repr=False)
     _children: list[list[int]] | None = field(default=None, repr=False)
@@ -101,6 +140,8 @@ class DraftTree:
             raise ValueError(f"DraftTree tokens must lie in [0, {vocab_size}); got {self._tokens}")
         if self.q is not None and (self.q.dim() != 2 or self.q.shape[0] != n):
             raise ValueError(f"DraftTree q must be (n={n}, V); got {tuple(self.q.shape)}")
+        if self.sibling_draws is not None:
+            self.sibling_draws.check(children)
         self._parents, self._children, self._depth = parents, children, depth
         return self
 

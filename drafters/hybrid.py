@@ -1,0 +1,282 @@
+"""A hybrid drafter: several drafters propose, their trees become one tree, and the target decides.
+
+No single method wins everywhere: suffix and lookahead win where the text repeats, the model-based
+drafters where it does not and under sampling, and which one is right changes within one request.
+The hybrid asks its members (any drafters of the registry) for trees each step and merges them
+(drafters/tree_merge.py): shared prefixes become one path, so a token proposed by two members is
+verified once, and the merged tree is cut to the step's budget by each node's estimated chance of
+acceptance. That chance is calibrated per member, per depth and per sibling rank from what the
+verifier kept (`Calibration`): a member that stops being right stops getting nodes.
+
+Each step:
+1. ask: each member that pays is asked for a tree within the step's budget (and its own cap). Under
+   greedy decoding every member may fill the whole node budget and the merged tree is cut to it by
+   score; under sampling each member gets a share of the nodes, fixed before it drafts and in
+   proportion to its calibrated expected gain, so that no member's draws are dropped because of
+   another member's draws (that would bias the sample; see tree_merge.py).
+2. merge and cut: see tree_merge.py. Nodes whose chance of being reached is below `min_chance` are
+   not verified; the rest are cut to the budget's node count, the likeliest kept.
+3. update: the calibration learns, per member, which of its draws were accepted at the slots the
+   walk reached; accepted tokens are credited to the members that proposed them (split evenly when
+   several did: `member_accepted`, which compare.py reports as shares). Every member is then told
+   the step as usual: the committed tokens, the target's hidden states of the layers it asked for
+   (hidden_layers of the hybrid is the union of its members'), and its own tree with its accepted
+   prefix and its rows of logits when the whole of its tree was verified. A member that was not
+   asked, or whose tree lost nodes to the cut, is told the step as if it had proposed nothing: the
+   target computed no logits for the nodes it lost, and a member that reads them (lookahead's
+   Jacobi branch) must not be handed invented ones.
+
+Skipping members. A member pays when the tokens credited to it per step it was asked beat what
+its drafting time would have produced at the hybrid's measured rate (tokens per second), and when
+its best possible node (depth 1, rank 0) clears the floor. A member that does not pay is not even
+asked (its drafting cost is saved) and is probed again after `probe_every` steps, the wait
+doubling up to 16 steps while probes keep losing; a probe keeps the member's draws whatever their
+chance, so that its calibration is measured again.
+
+Sampling stays exact: every member's tree is exact on its own (deterministic, i.i.d. or without
+replacement), members draw independently of each other, the verifier tests each slot's draws
+member by member (multi-step speculative sampling across members, each member's own rule within
+it, contract.SiblingDraws), and a node proposed by several members is tested once per draw (with
+each draw's q), so a duplicate costs no forward row and biases nothing.
+"""
+from __future__ import annotations
+
+import dataclasses
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from draftkit.drafters.tree_merge import MergedTree, merge_trees
+from draftkit.verify.contract import Budget, DecodeState, DraftTree, StepResult
+
+RANKS = 4  # sibling ranks calibrated apart; later ranks share the last one's rate
+PROBE_WAIT_MAX = 16
+MIN_ASKED = 4  # asked steps before a member's value and cost are trusted
+
+
+@dataclass
+class Calibration:
+    """Per member m, depth d and sibling rank r: the chance that a draw of m at (d, r) is accepted once
+    the walk reached its parent, from decayed counts with a prior (prior / (1 + r), weight `weight`).
+    The chance never rises with rank, so the draws a floor keeps at a slot are a prefix of a member's."""
+
+    members: int
+    depth: int
+    prior: float = 0.5
+    weight: float = 2.0
+    keep: float = 0.97  # about 33 observations of memory per cell
+    reached: list = field(default_factory=list)
+    passed: list = field(default_factory=list)
+
+    def __post_init__(self):
+        shape = lambda: [[[0.0] * RANKS for _ in range(self.depth)] for _ in range(self.members)]  # noqa: E731
+        self.reached, self.passed = shape(), shape()
+
+    def observe(self, m: int, d: int, r: int, accepted: bool) -> None:
+        d, r = min(d, self.depth) - 1, min(r, RANKS - 1)
+        self.reached[m][d][r] = self.reached[m][d][r] * self.keep + 1.0
+        self.passed[m][d][r] = self.passed[m][d][r] * self.keep + float(accepted)
+
+    def chance(self, m: int, d: int, r: int) -> float:
+        d, r = min(d, self.depth) - 1, min(r, RANKS - 1)
+        reached, passed, w = self.reached[m][d], self.passed[m][d], self.weight
+        return min((passed[k] + w * self.prior / (1 + k)) / (reached[k] + w) for k in range(r + 1))
+
+    def gain(self, m: int, depth: int) -> float:
+        """Expected accepted tokens of m's first-ranked chain of `depth` levels."""
+        total, reach = 0.0, 1.0
+        for d in range(1, depth + 1):
+            reach *= self.chance(m, d, 0)
+            total += reach
+        return total
+
+
+@dataclass
+class Member:
+    name: str
+    drafter: object
+    layers: tuple[int, ...] = ()  # positions of its hidden_layers in the hybrid's
+    skipping: bool = False
+    wait: int = 8  # steps between probes while skipping
+    idle: int = 0
+    asked: int = 0  # steps it was asked (for MIN_ASKED)
+    value: float = 0.0  # decayed accepted tokens credited per asked step
+    cost_s: float = 0.0  # decayed drafting seconds (propose + update) per asked step
+    propose_s: float = 0.0  # this step's proposing seconds
+    probe: bool = False  # this step is a probe
+
+
+class HybridDrafter:
+    """Proposals of several drafters merged into one tree (see the module notes).
+
+    members: (name, drafter) pairs, two or more, proposals tested in this order at every slot.
+    max_depth, max_nodes: the largest merged tree (its `budget_cap`); each member also keeps its own cap.
+    min_chance: nodes whose estimated chance of being reached is below it are not verified, in [0, 1).
+    probe_every: steps a member that does not pay waits before it is asked again (doubling up to 16).
+    skip: False asks every member every step, paying or not (experiments, tests of the merged trees).
+    """
+
+    def __init__(self, members, max_depth: int = 12, max_nodes: int = 24, min_chance: float = 0.05,
+                 probe_every: int = 8, skip: bool = True):
+        members = list(members)
+        if len(members) < 2:
+            raise ValueError(f"a hybrid needs two or more members, got {len(members)}")
+        if max_depth < 1 or max_nodes < 1:
+            raise ValueError(f"max_depth and max_nodes must be >= 1, got {max_depth} and {max_nodes}")
+        if not 0.0 <= min_chance < 1.0:
+            raise ValueError(f"min_chance must be in [0, 1), got {min_chance}")
+        if probe_every < 1:
+            raise ValueError(f"probe_every must be >= 1, got {probe_every}")
+        self.budget_cap = Budget(max_depth, max_nodes)
+        self.min_chance, self.probe_every, self.skip = float(min_chance), probe_every, skip
+        layers: list[int] = []
+        for _, d in members:
+            layers += [x for x in getattr(d, "hidden_layers", ()) if x not in layers]
+        self.hidden_layers = tuple(layers)
+        self.members = [Member(name, d, tuple(layers.index(x) for x in getattr(d, "hidden_layers", ())),
+                               wait=probe_every) for name, d in members]
+        self.calibration = Calibration(len(self.members), max_depth)
+        self.member_accepted = {m.name: 0.0 for m in self.members}  # accepted tokens credited, all time
+        self._rate = [0.0, 0.0]  # decayed committed tokens, decayed seconds between steps
+        self._last_step: float | None = None
+
+    # --- state -----------------------------------------------------------------------------
+    def reset(self, prompt) -> None:
+        for m in self.members:
+            m.drafter.reset(prompt)
+        self._last_step = None  # the first step of a sequence says nothing about the rate
+
+    def forget(self) -> None:
+        """Members that remember past requests (suffix) forget them (a benchmark's new repeat)."""
+        for m in self.members:
+            if hasattr(m.drafter, "forget"):
+                m.drafter.forget()
+
+    # --- proposing ---------------------------------------------------------------------------
+    def _asked(self, floor: float) -> list[Member]:
+        """Members asked this step: those that pay, and those whose probe is due; when none is, every
+        skipping member is probed (the budget asks for a draft: the controller is probing the hybrid)."""
+        for m in self.members:
+            m.probe = False
+        if not self.skip:
+            return list(self.members)
+        out = []
+        for i, m in enumerate(self.members):
+            if m.skipping:
+                if m.idle < m.wait:
+                    continue
+                m.probe = True
+            elif self.calibration.chance(i, 1, 0) < floor:
+                self._skip(m)  # its best node would be cut anyway: do not pay for drafting it
+                continue
+            out.append(m)
+        if not out:
+            out = [m for m in self.members if m.skipping]
+            for m in out:
+                m.probe = True
+        return out
+
+    def _shares(self, asked: list[Member], budget: Budget, greedy: bool) -> dict[str, int]:
+        """Nodes each asked member may propose. Greedy: the whole budget (the merged tree is cut by
+        score). Sampling: shares fixed before drafting, in proportion to each member's expected gain."""
+        if greedy:
+            return {m.name: budget.max_nodes for m in asked}
+        gains = {m.name: self.calibration.gain(self.members.index(m), budget.max_depth) for m in asked}
+        total, left, out = sum(gains.values()) or 1.0, budget.max_nodes, {}
+        for m in sorted(asked, key=lambda m: -gains[m.name]):
+            out[m.name] = min(left, max(1, int(budget.max_nodes * gains[m.name] / total)))
+            left -= out[m.name]
+        return out
+
+    def propose(self, state: DecodeState) -> DraftTree:
+        budget = state.budget
+        floor = self.min_chance
+        asked = self._asked(floor)
+        shares = self._shares(asked, budget, state.greedy)
+        trees: list[DraftTree | None] = [None] * len(self.members)
+        for i, m in enumerate(self.members):
+            if m not in asked or shares[m.name] < 1:
+                m.probe = False
+                continue
+            cap = getattr(m.drafter, "budget_cap", None) or budget
+            mine = Budget(min(budget.max_depth, cap.max_depth), min(shares[m.name], cap.max_nodes),
+                          budget.min_path_prob)
+            t0 = time.perf_counter()
+            tree = m.drafter.propose(dataclasses.replace(state, budget=mine)).validate()
+            m.propose_s = time.perf_counter() - t0
+            if len(tree) > mine.max_nodes or tree.max_depth > mine.max_depth or tree.sibling_draws is not None:
+                tree = DraftTree.empty(state.tokens.device).validate()  # a member that ignored its budget
+            trees[i] = tree
+        keep_all = {i for i, m in enumerate(self.members) if m.probe}
+        return merge_trees(trees, self.calibration.chance, floor, budget.max_nodes, keep_all, state.tokens.device)
+
+    # --- learning ----------------------------------------------------------------------------
+    def _calibrate(self, info: MergedTree, accepted: list[int]) -> dict[int, float]:
+        """Observe every draw at the slots the walk reached; credit each accepted node to its proposers."""
+        credit: dict[int, float] = {}
+        for k in range(len(accepted) + 1):
+            slot = 0 if k == 0 else accepted[k - 1] + 1
+            taken = accepted[k] if k < len(accepted) else None
+            for draw, node in info.slot_draws[slot]:
+                self.calibration.observe(draw.member, draw.depth, draw.rank, node == taken)
+        for a in accepted:
+            who = {d.member for d in info.draws[a]}
+            for m in who:
+                credit[m] = credit.get(m, 0.0) + 1.0 / len(who)
+        return credit
+
+    def _member_result(self, i: int, m: Member, result: StepResult, info: MergedTree | None) -> StepResult:
+        hidden = None if not m.layers or result.hidden is None else tuple(result.hidden[j] for j in m.layers)
+        if info is not None and info.whole(i) and len(info.trees[i]):
+            tree = info.trees[i]
+            rows = torch.tensor([0] + [w + 1 for w in info.where[i]], device=result.logits.device)
+            return StepResult(result.new_tokens, result.fed_tokens, hidden, result.logits.index_select(0, rows),
+                              tree, info.member_path(i, result.accepted))
+        empty = DraftTree.empty(result.new_tokens.device).validate()
+        return StepResult(result.new_tokens, result.fed_tokens, hidden, result.logits[:1], empty, [])
+
+    def update(self, result: StepResult) -> None:
+        info = result.tree.extra if isinstance(result.tree.extra, MergedTree) else None
+        credit = self._calibrate(info, result.accepted) if info is not None else {}
+        for i, m in enumerate(self.members):
+            m.idle += m.skipping  # steps waited for the next probe
+            t0 = time.perf_counter()
+            m.drafter.update(self._member_result(i, m, result, info))
+            if info is not None and info.trees[i] is not None:
+                self._judge(i, m, credit.get(i, 0.0), m.propose_s + time.perf_counter() - t0)
+        for i, c in credit.items():
+            self.member_accepted[self.members[i].name] += c
+        self._measure_rate(result.new_tokens.numel())
+
+    def _measure_rate(self, committed: int) -> None:
+        now = time.perf_counter()
+        if self._last_step is not None:
+            self._rate = [0.9 * self._rate[0] + committed, 0.9 * self._rate[1] + now - self._last_step]
+        self._last_step = now
+
+    def _judge(self, i: int, m: Member, credited: float, seconds: float) -> None:
+        """After a step m was asked: does it pay? Its best node must clear the floor, and the tokens
+        credited to it must beat what its drafting time would have produced at the hybrid's rate."""
+        m.asked += 1
+        keep = 0.8
+        m.value = credited if m.asked == 1 else keep * m.value + (1 - keep) * credited
+        m.cost_s = seconds if m.asked == 1 else keep * m.cost_s + (1 - keep) * seconds
+        rate = self._rate[0] / self._rate[1] if self._rate[1] > 0 else 0.0
+        worth = m.asked < MIN_ASKED or m.value >= m.cost_s * rate
+        pays = worth and self.calibration.chance(i, 1, 0) >= self.min_chance
+        if m.probe:
+            m.probe = False
+            if pays:
+                m.skipping, m.wait = False, self.probe_every
+            else:
+                m.idle, m.wait = 0, min(2 * m.wait, PROBE_WAIT_MAX)
+        elif not pays:
+            self._skip(m)
+
+    def _skip(self, m: Member) -> None:
+        m.skipping, m.idle = True, 0
+
+    def summary(self) -> dict:
+        """Accepted tokens credited to each member and whether it is skipped now, for reports."""
+        return {m.name: {"accepted": self.member_accepted[m.name], "skipping": m.skipping} for m in self.members}

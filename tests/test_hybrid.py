@@ -1,0 +1,275 @@
+"""The hybrid drafter (drafters/hybrid.py, drafters/tree_merge.py): greedy equality for pairs of
+members, merged trees that verify each distinct path once, a member that is always wrong losing its
+nodes, and sampling through merged trees that follows the target exactly (hand-built trees with
+deterministic, i.i.d. and without-replacement members, and suffix + EAGLE at temperature 0.8)."""
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+
+from draftkit.drafters.eagle import EagleDraftModel, EagleDrafter
+from draftkit.drafters.hybrid import HybridDrafter
+from draftkit.drafters.lookahead import LookaheadDrafter
+from draftkit.drafters.medusa import MedusaDrafter, MedusaHeads
+from draftkit.drafters.registry import settings_for
+from draftkit.drafters.standalone import StandaloneDrafter
+from draftkit.drafters.suffix import SuffixDrafter
+from draftkit.drafters.tree_merge import merge_trees
+from draftkit.verify.accept import Sampling
+from draftkit.verify.contract import IID, WITHOUT_REPLACEMENT, Budget, DecodeState, DraftTree, SiblingDraws
+from draftkit.verify.decode import generate as _generate
+from tests.models import tiny_model
+from tests.test_sampled_trees import (EXACT12, Q1, Q2, V, VE, chi2_pvalue, eagle_pair, first_two, fit_pvalues,
+                                      gumbel_order, tv)
+
+torch.set_num_threads(1)
+P_OK, P_WRONG = 1e-3, 1e-6
+
+
+def generate(*args, **kwargs):
+    return _generate(*args, **{"budget": "fixed", **kwargs})
+
+
+# ---- greedy: every pair of shipped members ------------------------------------------------------
+MEMBERS = ("suffix", "lookahead", "eagle", "eagle3", "medusa", "standalone")
+
+
+def member(name: str, target):
+    """A tiny member of each kind for a (vocab 64, hidden 32, 2 layers) target."""
+    if name == "suffix":
+        return SuffixDrafter(max_depth=6, max_nodes=8)
+    if name == "lookahead":
+        return LookaheadDrafter(max_depth=4, max_nodes=16)
+    if name in ("eagle", "eagle3"):
+        torch.manual_seed(7)
+        draft = EagleDraftModel.from_target(target, [0, 1, 2] if name == "eagle3" else None, init_from_target=True)
+        return EagleDrafter(target, draft, max_depth=4, max_nodes=8, top_k=2)
+    if name == "medusa":
+        torch.manual_seed(8)
+        heads = MedusaHeads(32, 64, num_heads=2)
+        heads.init_from_lm_head(target.get_output_embeddings())
+        return MedusaDrafter(target, heads, [(0,), (1,), (0, 0), (0, 1), (1, 0)])
+    return StandaloneDrafter(tiny_model("llama", hidden=16, layers=1, seed=1), max_depth=3, top_k=2, max_nodes=6)
+
+
+PROMPTS = [torch.tensor([3, 9, 4, 3, 9, 4, 3, 9, 11, 12, 3, 9]), torch.randint(0, 64, (10,),
+                                                                               generator=torch.Generator().manual_seed(4))]
+
+
+def greedy_pair(a: str, b: str, n: int = 24):
+    target = tiny_model("llama", seed=2)
+    for prompt in PROMPTS:
+        ref = generate(target, prompt, max_new_tokens=n, eos_token_id=[]).tokens.tolist()
+        hybrid = HybridDrafter([(a, member(a, target)), (b, member(b, target))])
+        for _ in range(2):  # the second request starts with what the first calibrated
+            out = generate(target, prompt, hybrid, max_new_tokens=n, eos_token_id=[])
+            assert out.tokens.tolist() == ref, (a, b, prompt.tolist())
+
+
+@pytest.mark.parametrize("a, b", [("suffix", "eagle"), ("lookahead", "medusa"), ("standalone", "eagle3")])
+def test_greedy_equals_plain_decoding(a, b):
+    greedy_pair(a, b)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("a, b", list(itertools.combinations(MEMBERS, 2)))
+def test_greedy_equals_plain_decoding_every_pair(a, b):
+    greedy_pair(a, b, n=40)
+
+
+def test_auto_budget_and_registry_build():
+    """Through make_drafter-style settings and the cost-aware controller: still plain greedy decoding."""
+    target = tiny_model("llama", seed=2)
+    s = settings_for("hybrid", members="suffix,lookahead", max_depth=6, max_nodes=12)
+    hybrid = HybridDrafter([("suffix", SuffixDrafter()), ("lookahead", LookaheadDrafter())], s.max_depth, s.max_nodes)
+    ref = generate(target, PROMPTS[0], max_new_tokens=30, eos_token_id=[]).tokens.tolist()
+    out = _generate(target, PROMPTS[0], hybrid, max_new_tokens=30, eos_token_id=[], budget="auto")
+    assert out.tokens.tolist() == ref
+    assert hybrid.hidden_layers == ()
+    with pytest.raises(ValueError, match="two or more"):
+        settings_for("hybrid", members="suffix,suffix")
+    with pytest.raises(ValueError, match="not drafters it can merge"):
+        settings_for("hybrid", members="suffix,hybrid")
+
+
+def test_hidden_layers_are_the_union_of_the_members():
+    target = tiny_model("llama", seed=2)
+    eagle3, medusa = member("eagle3", target), member("medusa", target)
+    hybrid = HybridDrafter([("eagle3", eagle3), ("medusa", medusa), ("suffix", SuffixDrafter())])
+    assert set(hybrid.hidden_layers) == set(eagle3.hidden_layers) | set(medusa.hidden_layers)
+    assert len(hybrid.hidden_layers) == len(set(hybrid.hidden_layers))
+
+
+# ---- merging ------------------------------------------------------------------------------------
+def test_merged_tree_holds_each_distinct_path_once():
+    a = DraftTree.from_lists([5, 6, 7, 8], [-1, 0, 1, 0])  # 5-6-7 and 5-8
+    b = DraftTree.from_lists([5, 6, 9, 4], [-1, 0, 1, -1])  # 5-6-9 and 4
+    merged = merge_trees([a.validate(), b.validate()], lambda m, d, r: 0.5, 0.0, 64).validate()
+    paths = set()
+    for i in range(len(merged)):
+        path, j = [], i
+        while j >= 0:
+            path.append(merged.host_tokens[j])
+            j = merged.host_parents[j]
+        paths.add(tuple(reversed(path)))
+    assert paths == {(5,), (5, 6), (5, 6, 7), (5, 8), (5, 6, 9), (4,)}
+    assert len(merged) == len(paths)  # every distinct path once: 6 nodes where the members proposed 8
+    shared = [i for i, d in enumerate(merged.extra.draws) if {x.member for x in d} == {0, 1}]
+    assert sorted(merged.host_tokens[i] for i in shared) == [5, 6]  # proposed by both, verified once
+
+
+def test_floor_and_cap_keep_the_likeliest_nodes():
+    chain = DraftTree.chain([1, 2, 3, 4]).validate()
+    other = DraftTree.chain([7, 8]).validate()
+    chance = lambda m, d, r: 0.9 if m == 0 else 0.3  # noqa: E731
+    merged = merge_trees([chain, other], chance, 0.5, 64)
+    assert merged.host_tokens == [1, 2, 3, 4]  # 0.9^4 = 0.66 clears the floor; 0.3 does not
+    merged = merge_trees([chain, other], chance, 0.0, 3)
+    assert merged.host_tokens == [1, 2, 3]
+    probe = merge_trees([chain, other], chance, 0.5, 64, keep_all={1})
+    assert sorted(probe.host_tokens) == [1, 2, 3, 4, 7, 8]
+
+
+class Wrong:
+    """A member that always proposes a token the target does not pick next (it knows the plain output)."""
+
+    hidden_layers = ()
+    budget_cap = Budget(3, 3)
+
+    def __init__(self, reference):
+        self.reference, self.asked = reference, 0
+
+    def reset(self, prompt):
+        self.prompt_len = prompt.numel()
+
+    def propose(self, state):
+        self.asked += 1
+        done = state.tokens.numel() - self.prompt_len
+        return DraftTree.chain([(t + 1) % 64 for t in self.reference[done:done + 3]] or [0])
+
+    def update(self, result):
+        pass
+
+
+def test_a_member_that_is_always_wrong_gets_no_nodes_and_is_skipped():
+    target = tiny_model("llama", seed=2)
+    prompt = PROMPTS[1]
+    ref = generate(target, prompt, max_new_tokens=80, eos_token_id=[]).tokens.tolist()
+    wrong = Wrong(ref)
+    hybrid = HybridDrafter([("wrong", wrong), ("suffix", SuffixDrafter())], probe_every=4)
+    trees = []
+    propose = hybrid.propose
+    hybrid.propose = lambda state: trees.append(propose(state)) or trees[-1]
+    out = generate(target, prompt, hybrid, max_new_tokens=80, eos_token_id=[])
+    assert out.tokens.tolist() == ref
+    from_wrong = [sum(d.member == 0 for draws in t.extra.draws for d in draws) for t in trees]
+    assert sum(from_wrong[:3]) > 0  # it was tried
+    later = from_wrong[8:]
+    assert later and sum(n > 0 for n in later) <= len(later) // 4  # then only the odd probe
+    assert wrong.asked < len(trees) // 2  # skipped, not merely cut: its drafting cost is saved
+    assert hybrid.member_accepted["wrong"] == 0 and hybrid.member_accepted["suffix"] > 0
+
+
+def test_members_learn_as_if_alone():
+    """Suffix learns the output; EAGLE keeps getting its hidden states, so both still draft after a cut."""
+    target = tiny_model("llama", seed=2)
+    eagle = member("eagle", target)
+    hybrid = HybridDrafter([("suffix", SuffixDrafter()), ("eagle", eagle)], max_nodes=4)
+    out = generate(target, PROMPTS[1], hybrid, max_new_tokens=20, eos_token_id=[])
+    suffix = hybrid.members[0].drafter
+    assert suffix.tokens == PROMPTS[1].tolist() + out.tokens.tolist()[:-1] or \
+        suffix.tokens == PROMPTS[1].tolist() + out.tokens.tolist()
+    state = DecodeState(out.sequence, PROMPTS[1].numel(), Budget(3, 4), greedy=True)
+    assert len(eagle.propose(state)) > 0
+
+
+# ---- sampling: hand-built merged trees -----------------------------------------------------------
+def member_trees(gen):
+    """Three members: a deterministic one (tokens 0 and 3, and 4 under 0, as n-gram drafters propose),
+    one drawing 2 siblings from Q1 without replacement (Q1 favours token 0: duplicates of the first
+    member's 0 are frequent) and 2 under each, one drawing a path i.i.d. from a flatter q."""
+    det = DraftTree.from_lists([0, 3, 4], [-1, -1, 0]).validate()
+    toks, pars, qs = [], [], []
+    for x in gumbel_order(Q1[None], 2, gen)[0].tolist():
+        toks.append(x), pars.append(-1), qs.append(Q1)
+        me = len(toks) - 1
+        for y in gumbel_order(Q2[x][None], 2, gen)[0].tolist():
+            toks.append(y), pars.append(me), qs.append(Q2[x])
+    wor = DraftTree.from_lists(toks, pars, q=torch.stack(qs), draws=WITHOUT_REPLACEMENT).validate()
+    flat = torch.tensor([0.2, 0.2, 0.2, 0.2, 0.1, 0.1])
+    x = int(torch.multinomial(flat, 1, generator=gen))
+    y = int(torch.multinomial(Q2[x], 1, generator=gen))
+    iid = DraftTree.from_lists([x, y], [-1, 0], q=torch.stack([flat, Q2[x]]), draws=IID).validate()
+    return [det, wor, iid]
+
+
+def first_draw_only(tree: DraftTree) -> None:
+    """The deliberately wrong rule: a node proposed by several members is tested at its first draw only
+    (the later draws of the same token, and what they take out of p, are forgotten)."""
+    sd = tree.sibling_draws
+    order = [[d for j, d in enumerate(cell) if d[0] not in {e[0] for e in cell[:j]}] for cell in sd.order]
+    tree.sibling_draws = SiblingDraws(order, sd.q, sd.without_replacement)
+
+
+def merged_first_two(gen, wrong=False):
+    tree = merge_trees(member_trees(gen), lambda m, d, r: 0.5, 0.0, 64).validate(V)
+    if wrong:
+        first_draw_only(tree)
+    return first_two(tree, gen)
+
+
+def merged_counts(n, seed, **kw):
+    gen = torch.Generator().manual_seed(seed)
+    counts = torch.zeros(V, V)
+    for _ in range(n):
+        a, b = merged_first_two(gen, **kw)
+        counts[a, b] += 1
+    return counts
+
+
+def test_heterogeneous_merged_trees_follow_the_target():
+    counts = merged_counts(4000, seed=3)
+    assert chi2_pvalue(counts, EXACT12) > P_OK, tv(counts, EXACT12)
+
+
+def test_testing_a_shared_node_once_is_biased():
+    counts = merged_counts(2000, seed=3, wrong=True)
+    assert chi2_pvalue(counts, EXACT12) < P_WRONG, tv(counts, EXACT12)
+    assert tv(counts, EXACT12) > 0.1
+
+
+# ---- sampling: suffix + EAGLE through the loop at temperature 0.8 ------------------------------------
+def exact_tokens_2_3(model, prompt, temperature: float) -> torch.Tensor:
+    """P(t2, t3) of the 2nd and 3rd generated tokens at `temperature` (t1 summed out)."""
+    with torch.no_grad():
+        sm = lambda x: (x / temperature).softmax(-1)  # noqa: E731
+        p1 = sm(model(input_ids=prompt[None]).logits[0, -1])
+        p2 = sm(model(input_ids=torch.cat([prompt.expand(VE, -1), torch.arange(VE)[:, None]], 1)).logits[:, -1])
+        pairs = torch.tensor(list(itertools.product(range(VE), range(VE))))
+        p3 = sm(model(input_ids=torch.cat([prompt.expand(VE * VE, -1), pairs], 1)).logits[:, -1]).view(VE, VE, VE)
+    return (p1[:, None, None] * p2[:, :, None] * p3).sum(0)
+
+
+def suffix_eagle_counts(n: int):
+    target, draft = eagle_pair()
+    prompt = torch.tensor([1, 2, 3, 1, 2, 3, 1, 2])  # the suffix index proposes the repetition
+    exact = exact_tokens_2_3(target, prompt, 0.8)
+    eagle = EagleDrafter(target, draft, max_depth=2, top_k=4, max_nodes=6)
+    hybrid = HybridDrafter([("suffix", SuffixDrafter(use_global=False)), ("eagle", eagle)], max_depth=2, max_nodes=6,
+                           skip=False)  # both members draft every step, whatever they cost
+    counts, accepted = torch.zeros(VE, VE), 0
+    sampling = Sampling(temperature=0.8)
+    for i in range(n):
+        out = generate(target, prompt, hybrid, max_new_tokens=4, sampling=sampling, eos_token_id=[], seed=i)
+        t = out.tokens.tolist()
+        counts[t[1], t[2]] += 1
+        accepted += sum(s.accepted for s in out.stats.steps)
+    return counts, exact, accepted, hybrid
+
+
+def test_suffix_and_eagle_at_temperature_08_follow_the_target():
+    counts, exact, accepted, hybrid = suffix_eagle_counts(1000)
+    assert accepted > 200 and min(hybrid.member_accepted.values()) > 0  # both members' drafts are accepted
+    assert min(fit_pvalues(counts, exact)) > P_OK, (fit_pvalues(counts, exact), tv(counts, exact))
