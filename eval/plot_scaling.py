@@ -1,0 +1,85 @@
+"""Scaling curves of trained drafters: held-out top-1 agreement and tau against the tokens each has trained on.
+
+    python eval/plot_scaling.py runs/zoo3/eagle2 runs/zoo3/eagle3 --out eval/results/scaling.png
+
+Each argument is a training run's output folder (its heldout_history.jsonl, written at every held-out
+evaluation) or a shipped drafter folder (the `scaling` list of its train_report.json). `--offset NAME=TOKENS`
+shifts a run that continued from an earlier draft by the tokens that draft had already seen.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+
+def history(folder: str) -> list[dict]:
+    """The evaluations of one run, in step order."""
+    path = os.path.join(folder, "heldout_history.jsonl")
+    if os.path.exists(path):
+        rows = {}
+        with open(path) as fh:
+            for line in fh:
+                if line.strip():
+                    row = json.loads(line)
+                    rows[row["step"]] = row
+        return [rows[k] for k in sorted(rows)]
+    for report in (os.path.join(folder, "train_report.json"), os.path.join(folder, "final", "train_report.json")):
+        if os.path.exists(report):
+            with open(report) as fh:
+                return json.load(fh).get("scaling") or []
+    raise SystemExit(f"error: {folder} holds neither heldout_history.jsonl nor a train_report.json")
+
+
+def top1_key(row: dict) -> str | None:
+    """The held-out top-1 metric a recipe logs (EAGLE: acc_0; Medusa: head0_top1; draft: top1_agreement)."""
+    return next((k for k in ("acc_0", "head0_top1", "top1_agreement", "acc_1") if k in row), None)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("runs", nargs="+", help="run output folders or shipped drafter folders")
+    parser.add_argument("--out", default="eval/results/scaling.png", help="the PNG to write (default: %(default)s)")
+    parser.add_argument("--offset", action="append", default=[],
+                        help="NAME=TOKENS: tokens the run's starting draft had already seen (repeatable)")
+    args = parser.parse_args(argv)
+    offsets = {}
+    for item in args.offset:
+        name, _, value = item.partition("=")
+        if not value.isdigit():
+            parser.error(f"--offset {item}: expected NAME=TOKENS, e.g. eagle2=1638400")
+        offsets[name] = int(value)
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
+    for folder in args.runs:
+        name = os.path.basename(os.path.normpath(folder))
+        rows = history(folder)
+        key = top1_key(rows[0]) if rows else None
+        if not rows or key is None:
+            print(f"{folder}: no evaluations yet", file=sys.stderr)
+            continue
+        x = [(r["tokens_seen"] + offsets.get(name, 0)) / 1e6 for r in rows]
+        ax1.plot(x, [r[key] for r in rows], marker="o", label=name)
+        tau = [(xi, r["tau"]) for xi, r in zip(x, rows) if "tau" in r]
+        if tau:
+            ax2.plot(*zip(*tau), marker="o", label=name)
+    ax1.set(xlabel="tokens trained on (M)", ylabel="held-out top-1 agreement with the target",
+            title="draft top-1 (first step / head)")
+    ax2.set(xlabel="tokens trained on (M)", ylabel="tau (fixed tree, held-out prompts)", title="mean accepted length")
+    for ax in (ax1, ax2):
+        ax.grid(alpha=0.3)
+        ax.legend()
+    fig.tight_layout()
+    os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
+    fig.savefig(args.out, dpi=110)
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
