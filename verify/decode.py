@@ -12,7 +12,6 @@ commit. Everything else it touches is host-side Python over a handful of ints.
 """
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 
 import torch
@@ -22,6 +21,7 @@ from draftkit.verify.budget import BudgetPolicy, make_policy
 from draftkit.verify.contract import DecodeState, Drafter, DraftTree, NoDrafter, StepResult
 from draftkit.verify.forward import Verifier
 from draftkit.verify.stats import DecodeStats, StepStats
+from draftkit.verify.timing import clock_for
 
 
 @dataclass
@@ -107,6 +107,7 @@ def generate(model, input_ids, drafter: Drafter | None = None, max_new_tokens: i
     gen = verifier_generator(seed, model.device)
     draws = drafter_generator(seed, model.device)  # the drafter's stream
     layers = tuple(getattr(drafter, "hidden_layers", ()))
+    clock = clock_for(model)
 
     drafter.reset(prompt)
     policy.start(prompt.numel())
@@ -119,7 +120,7 @@ def generate(model, input_ids, drafter: Drafter | None = None, max_new_tokens: i
     done = False
     while not done:
         remaining = max_new_tokens - (T - T0)
-        t0 = time.perf_counter()
+        t0 = clock.now()
         given = None
         tree = DraftTree.empty(prompt.device)
         if stats.steps:
@@ -135,7 +136,7 @@ def generate(model, input_ids, drafter: Drafter | None = None, max_new_tokens: i
                 if verifier.max_len and len(tree) > verifier.max_len - T:  # a drafter that ignored the budget
                     tree = DraftTree.empty(prompt.device)
         tree.validate(verifier.vocab_size)
-        t1 = time.perf_counter()
+        t1 = clock.now()
         m = pending.numel()
         logits, hidden = verifier.forward(pending, tree, layers)
         acc, bonus = accept(tree, logits, sampling, gen)
@@ -144,7 +145,7 @@ def generate(model, input_ids, drafter: Drafter | None = None, max_new_tokens: i
         new, done = finish([tokens[a] for a in acc] + [bonus], remaining, eos)
         buf[T:T + len(new)] = torch.tensor(new, device=buf.device) if len(new) > 1 else new[0]
         T += len(new)
-        t2 = time.perf_counter()
+        t2 = clock.now()
         step = StepStats(len(tree), tree.max_depth, len(acc), len(new), t1 - t0, t2 - t1,
                          prefill=len(stats.steps) == 0, budget_depth=given.max_depth if given else 0,
                          budget_nodes=given.max_nodes if given else 0,
@@ -153,7 +154,7 @@ def generate(model, input_ids, drafter: Drafter | None = None, max_new_tokens: i
         fed = torch.cat([pending, tree.tokens[acc]]) if acc else pending
         drafter.update(StepResult(new_tokens=buf[T - len(new):T], fed_tokens=fed,
                                   hidden=hidden_rows(hidden, m, acc), logits=logits, tree=tree, accepted=acc))
-        step.draft_s += time.perf_counter() - t2
+        step.draft_s += clock.now() - t2
         if done:  # the drafter saw the last tokens too (a global cache keeps them for later requests)
             break
         policy.observe(step, T)

@@ -19,7 +19,6 @@ at large batch.
 """
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 
 import torch
@@ -31,6 +30,7 @@ from draftkit.verify.contract import DecodeState, DraftTree, StepResult
 from draftkit.verify.decode import GenerationOutput, as_prompt, check_room, eos_set, finish
 from draftkit.verify.forward import Verifier
 from draftkit.verify.stats import DecodeStats, StepStats
+from draftkit.verify.timing import clock_for
 from draftkit.verify.tree import verify_block, verify_offsets
 
 SHARED = -1
@@ -145,8 +145,9 @@ def generate_packed(model, prompts, drafters, max_new_tokens: int = 64, sampling
     layers = tuple(sorted({i for d in drafters for i in getattr(d, "hidden_layers", ())}))
     lanes = [Lane(i, d, pol, p, p.tolist(), p, 0) for i, (d, pol, p) in enumerate(zip(drafters, policies, prompts))]
 
+    clock = clock_for(model)
     # prefill: the shared prompt once, or each lane's prompt on its own (no lane sees another's)
-    t0 = time.perf_counter()
+    t0 = clock.now()
     groups = [lanes] if shared_prompt else [[lane] for lane in lanes]
     for group in groups:
         lane = group[0]
@@ -161,7 +162,7 @@ def generate_packed(model, prompts, drafters, max_new_tokens: int = 64, sampling
             _commit_tokens(ln, [tok], logits[-1:], [0], max_new_tokens, eos)
             ln.drafter.reset(ln.prompt)
             ln.policy.start(m)
-            ln.stats.steps.append(StepStats(0, 0, 0, 1, 0.0, time.perf_counter() - t0, prefill=True))
+            ln.stats.steps.append(StepStats(0, 0, 0, 1, 0.0, clock.now() - t0, prefill=True))
             if not ln.done:
                 sel = None if hidden is None else _pick(hidden, layers, ln.drafter)
                 ln.drafter.update(StepResult(torch.tensor([tok], device=model.device), ln.prompt, sel, logits[-1:],
@@ -171,9 +172,9 @@ def generate_packed(model, prompts, drafters, max_new_tokens: int = 64, sampling
         live = [ln for ln in lanes if not ln.done]
         if not live:
             break
-        t0 = time.perf_counter()
-        trees, givens = [], []
+        trees, givens, draft_s = [], [], []  # each lane's own drafting time, not the batch's
         for ln in live:
+            t0 = clock.now()
             remaining = max_new_tokens - ln.generated
             given = ln.policy.budget(len(ln.tokens)).clip(remaining)
             tree = DraftTree.empty(model.device)
@@ -184,7 +185,8 @@ def generate_packed(model, prompts, drafters, max_new_tokens: int = 64, sampling
                 tree = ln.drafter.propose(state)
             trees.append(tree.validate(vocab))
             givens.append(given)
-        t1 = time.perf_counter()
+            draft_s.append(clock.now() - t0)
+        t1 = clock.now()
         ids, lane_of, blocks, pos, starts = [], [], [], [], []
         for ln, tree in zip(live, trees):
             m = ln.pending.numel()
@@ -205,12 +207,16 @@ def generate_packed(model, prompts, drafters, max_new_tokens: int = 64, sampling
             owners += [ln.index] * (m + len(acc))
             slots = [0] + [a + 1 for a in acc]
             new = _commit_tokens(ln, [tree.host_tokens[a] for a in acc] + [bonus], rows, slots, max_new_tokens, eos)
-            ln.stats.steps.append(StepStats(len(tree), tree.max_depth, len(acc), len(new), t1 - t0,
-                                            time.perf_counter() - t1, budget_depth=given.max_depth,
-                                            budget_nodes=given.max_nodes,
-                                            rejected=bool(tree.children[acc[-1] + 1 if acc else 0])))
+            ln.stats.steps.append(StepStats(len(tree), tree.max_depth, len(acc), len(new), 0.0, 0.0,
+                                            budget_depth=given.max_depth, budget_nodes=given.max_nodes,
+                                            rejected=bool(tree.children[acc[-1] + 1 if acc else 0]),
+                                            lanes=len(live)))
             ln._step = (tree, acc, start, m, rows, new)
         ver.commit_lanes(keep, owners)
+        verify_s = clock.now() - t1
+        for ln, own_draft_s, tree in zip(live, draft_s, trees):  # a lane's share of the forward: its tokens' share
+            step = ln.stats.steps[-1]
+            step.draft_s, step.verify_s = own_draft_s, verify_s * (ln.pending.numel() + len(tree)) / inputs.numel()
         for ln in live:
             tree, acc, start, m, rows, new = ln._step
             ln.position += m + len(acc)
@@ -219,9 +225,9 @@ def generate_packed(model, prompts, drafters, max_new_tokens: int = 64, sampling
             if hidden is not None:
                 idx = torch.tensor([start + i for i in range(m)] + [start + m + a for a in acc], device=model.device)
                 sel = tuple(h.index_select(0, idx) for h in _pick(hidden, layers, ln.drafter))
-            t2 = time.perf_counter()
+            t2 = clock.now()
             ln.drafter.update(StepResult(torch.tensor(new, device=model.device), fed, sel, rows, tree, acc))
-            ln.stats.steps[-1].draft_s += time.perf_counter() - t2
+            ln.stats.steps[-1].draft_s += clock.now() - t2
             if ln.done:  # the drafter saw its last tokens; nothing more to feed
                 continue
             ln.policy.observe(ln.stats.steps[-1], len(ln.tokens))
