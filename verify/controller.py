@@ -117,7 +117,7 @@ class CostProfile:
     def measure(cls, model, context: int, sizes=PROFILE_SIZES, reps: int = 5) -> "CostProfile":
         """A few forwards at `context` tokens: the median of `reps` timings per tree size."""
         from draftkit.verify.contract import DraftTree
-        from draftkit.verify.forward import Verifier
+        from draftkit.verify.forward import Verifier, probe_tree_attention
         from draftkit.verify.timing import clock_for
 
         ver = Verifier(model, capacity=context + max(sizes) + 2)
@@ -128,8 +128,9 @@ class CostProfile:
         root = ids[-1:]
 
         trees = [DraftTree.empty(model.device).validate()]
+        branched = probe_tree_attention(model)  # a model limited to chains is measured on chains
         for n in sizes:  # bushy trees, 4 children per node, like the methods' trees
-            parents = [-1 if i < 4 else (i - 4) // 4 for i in range(n)]
+            parents = [-1 if i < 4 else (i - 4) // 4 for i in range(n)] if branched else list(range(-1, n - 1))
             tokens = torch.randint(0, vocab, (n,), generator=torch.Generator().manual_seed(n)).tolist()
             trees.append(DraftTree.from_lists(tokens, parents, model.device).validate())
         times = [[] for _ in trees]
