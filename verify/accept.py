@@ -97,46 +97,31 @@ def target_probs(logits: torch.Tensor, s: Sampling) -> torch.Tensor:
     return logits.softmax(-1)
 
 
-def greedy_accept(tree: DraftTree, logits: torch.Tensor) -> tuple[list[int], int]:
-    """Longest path matching argmax p, then the bonus argmax p. Returns (node indices, bonus).
-    One host read: argmax p per slot (with the node tokens when the tree was built on the device)."""
-    best = logits.argmax(-1)
-    if tree._tokens is None and len(tree):
-        both = torch.cat([best, tree.tokens]).tolist()
-        best, tree._tokens = both[:len(tree) + 1], both[len(tree) + 1:]
-    else:
-        best = best.tolist()
-    tokens = tree.host_tokens
-    children, slot, accepted = tree.children, 0, []
-    while True:
-        want = best[slot]
-        nxt = next((c for c in children[slot] if tokens[c - 1] == want), None)
-        if nxt is None:
-            return accepted, want
-        accepted.append(nxt - 1)
-        slot = nxt
+def greedy_choice(tokens: torch.Tensor, logits: torch.Tensor, pslot: torch.Tensor, best: torch.Tensor | None = None):
+    """Greedy: a node is chosen when its token is argmax p at its parent's slot (the first such sibling).
+    tokens, pslot (n,); logits (S, V); best (S,) argmax p if already known. Returns chosen (n,) bool and the
+    bonus at each slot (S,) = argmax p."""
+    best = logits.argmax(-1) if best is None else best  # (S,)
+    n = tokens.numel()
+    if n == 0:
+        return torch.zeros(0, dtype=torch.bool, device=best.device), best
+    match = tokens == best[pslot]
+    idx = torch.arange(n, device=tokens.device)
+    first = torch.full((n + 1,), n, dtype=torch.long, device=tokens.device).scatter_reduce(
+        0, pslot, torch.where(match, idx, n), "amin")
+    return match & (first[pslot] == idx), best
 
 
-def _draw(p: torch.Tensor, gen: torch.Generator | None) -> int:
-    return int(torch.multinomial(p, 1, generator=gen))
+def sample_ranks(tree: DraftTree, p_all: torch.Tensor, gen: torch.Generator | None, kids: torch.Tensor,
+                 rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Lossless multi-draft speculative sampling over the tree, every slot at once. p_all is (S, V) with
+    S = n + 1; kids (R, C) the child node indices of the R slots that have children (-1 padded), rows (R,)
+    those slots. Returns rank (R,): the sibling rank accepted at each such slot (-1: none), and the bonus
+    token drawn at every slot (S,) from what remains of its p.
 
-
-def _sibling_table(tree: DraftTree, device) -> tuple[list[int], torch.Tensor]:
-    """Slots that have children and a (R, C) table of their child node indices, -1 padded."""
-    slots = [s for s, kids in enumerate(tree.children) if kids]
-    width = max(len(tree.children[s]) for s in slots)
-    table = [[c - 1 for c in tree.children[s]] + [-1] * (width - len(tree.children[s])) for s in slots]
-    return slots, torch.tensor(table, dtype=torch.long, device=device)
-
-
-def sample_accept(tree: DraftTree, p_all: torch.Tensor, gen: torch.Generator | None = None) -> tuple[list[int], int]:
-    """Lossless multi-draft speculative sampling over the tree. p_all is (n + 1, V).
-
-    The outcome at a slot depends only on that slot's p, its children and fresh randomness, so
-    every slot is decided at once, one sibling rank at a time with tensor ops (R slots with
-    children, C the most children of one slot); the walk from the root then reads the results
-    back once. Uniforms drawn for slots off the accepted path are simply never used.
-    Per sibling j of a slot, with p the slot's current (residual) distribution:
+    The outcome at a slot depends only on that slot's p, its children and fresh randomness, so every slot
+    is decided at once, one sibling rank at a time with tensor ops; uniforms drawn for slots off the
+    accepted path are simply never used. Per sibling j of a slot, with p the slot's current (residual) p:
       iid draws (SpecInfer):  accept x_j w.p. min(1, p(x_j) / q(x_j)); else p <- norm(max(p - q, 0))
       without replacement (recursive rejection sampling, Jeon et al. 2024): q_j is q with the
         earlier siblings' tokens removed and renormalized; accept w.p. min(1, p(x_j) / q_j(x_j));
@@ -144,18 +129,14 @@ def sample_accept(tree: DraftTree, p_all: torch.Tensor, gen: torch.Generator | N
         draws and their number was fixed before they were seen (it may depend on earlier
         siblings, never on the kept or dropped draws themselves: see drafters/tree_search.py)
       one-hot q (q is None): accept w.p. p(x_j); else p(x_j) <- 0 and renormalize.
-    The bonus is drawn from what remains of p at the slot where the walk stops.
     """
     dev = p_all.device
     final = p_all.float().clone()  # (S, V): the distribution each slot's bonus is drawn from
-    rank = None
-    if len(tree):
-        slots, kids = _sibling_table(tree, dev)  # (R, C)
-        rows = torch.tensor(slots, device=dev)
+    rank = torch.full((rows.numel(),), -1, dtype=torch.long, device=dev)
+    if rows.numel():
         p = final[rows]  # (R, V)
         xs = tree.tokens[kids.clamp_min(0)]  # (R, C) sibling tokens
         u = torch.rand(kids.shape, generator=gen, device=dev)
-        rank = torch.full((len(slots),), -1, dtype=torch.long, device=dev)
         q_sib = None if tree.q is None else tree.q.float()[kids.clamp_min(0)]  # (R, C, V)
         removed = torch.zeros_like(p) if tree.draws == WITHOUT_REPLACEMENT else None
         for j in range(kids.shape[1]):
@@ -179,41 +160,110 @@ def sample_accept(tree: DraftTree, p_all: torch.Tensor, gen: torch.Generator | N
             residual = torch.where(total > 0, residual / total.clamp_min(1e-30), p)
             p = torch.where((live & ~ok)[:, None], residual, p)
         final[rows] = p
-    bonus = torch.multinomial(final, 1, generator=gen)[:, 0]  # (S,)
-    if rank is None:
-        return [], int(bonus[0])
-    host = torch.cat([rank, bonus]).tolist()  # the one host read of the step
-    rank_of, bonus = dict(zip(slots, host[:len(slots)])), host[len(slots):]
-    slot, accepted = 0, []
-    while rank_of.get(slot, -1) >= 0:
-        slot = tree.children[slot][rank_of[slot]]
-        accepted.append(slot - 1)
-    return accepted, bonus[slot]
+    return rank, torch.multinomial(final, 1, generator=gen)[:, 0]
 
 
-def typical_accept(tree: DraftTree, p_all: torch.Tensor, s: Sampling,
-                   gen: torch.Generator | None = None) -> tuple[list[int], int]:
-    """Medusa's typical acceptance (lossy): most likely child above the entropy threshold."""
+def sample_choice(tree: DraftTree, p_all: torch.Tensor, gen, pslot, sib, kids, rows):
+    """Exact sampling as (chosen (n,) bool, bonus per slot (S,)): node i is chosen when its parent's slot
+    accepted the sibling rank i holds."""
+    rank, bonus = sample_ranks(tree, p_all, gen, kids, rows)
+    at_slot = torch.full((p_all.shape[0],), -1, dtype=torch.long, device=p_all.device).scatter(0, rows, rank)
+    return at_slot[pslot] == sib, bonus
+
+
+def typical_choice(tokens, p_all: torch.Tensor, s: Sampling, gen, pslot):
+    """Medusa's typical acceptance (lossy): at each slot the most likely child above the entropy threshold
+    min(eps, delta * exp(-H(p))) (ties: the later sibling). Returns (chosen (n,), bonus per slot (S,))."""
     entropy = -(p_all * p_all.clamp_min(1e-20).log()).sum(-1)
-    threshold = torch.minimum(torch.full_like(entropy, s.typical_eps), s.typical_delta * torch.exp(-entropy)).tolist()
-    tokens = tree.host_tokens
-    children, slot, accepted = tree.children, 0, []
-    while True:
-        kids = children[slot]
-        probs = [float(p_all[slot, tokens[c - 1]]) for c in kids]
-        ok = [(pr, c) for pr, c in zip(probs, kids) if pr > threshold[slot]]
-        if not ok:
-            return accepted, _draw(p_all[slot], gen)
-        slot = max(ok)[1]
-        accepted.append(slot - 1)
+    threshold = torch.minimum(torch.full_like(entropy, s.typical_eps), s.typical_delta * torch.exp(-entropy))
+    n, S = tokens.numel(), p_all.shape[0]
+    pc = p_all[pslot, tokens]  # (n,) p of each child at its parent's slot
+    ok = pc > threshold[pslot]
+    top = torch.full((S,), -1.0, device=p_all.device).scatter_reduce(0, pslot, torch.where(ok, pc, -1.0), "amax")
+    cand = ok & (pc == top[pslot])
+    idx = torch.arange(n, device=tokens.device)
+    last = torch.full((S,), -1, dtype=torch.long, device=tokens.device).scatter_reduce(
+        0, pslot, torch.where(cand, idx, -1), "amax")
+    return cand & (last[pslot] == idx), torch.multinomial(p_all.float(), 1, generator=gen)[:, 0]
+
+
+def choose(tree: DraftTree, logits: torch.Tensor, s: Sampling, gen, topo,
+           best: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The rule the sampling settings name, on the device: (chosen (n,) bool, bonus per slot (S,) long).
+    logits (S, V) unprocessed, for the root slot and each node; topo: tree_topology's tensors; best (S,):
+    argmax of logits when the caller has it."""
+    pslot, sib, _, kids, rows = topo
+    if s.greedy:
+        return greedy_choice(tree.tokens, logits, pslot, best)
+    p_all = target_probs(logits, s)
+    if s.acceptance == "typical":
+        return typical_choice(tree.tokens, p_all, s, gen, pslot)
+    return sample_choice(tree, p_all, gen, pslot, sib, kids, rows)
+
+
+def topology_ints(tree: DraftTree) -> list[int]:
+    """Host ints the device rules need, for the step's one upload: parent slot (n), sibling rank (n),
+    depth (n), then the child table (R * C) and the slots that have children (R)."""
+    children = tree.children
+    n = len(tree)
+    pslot, sib = [0] * n, [0] * n
+    for s, kids in enumerate(children):
+        for r, c in enumerate(kids):
+            pslot[c - 1], sib[c - 1] = s, r
+    slots = [s for s, kids in enumerate(children) if kids]
+    width = max((len(children[s]) for s in slots), default=0)
+    table = [c - 1 for s in slots for c in children[s] + [0] * (width - len(children[s]))]
+    table = [t if t >= 0 else -1 for t in table]
+    return pslot + sib + tree.depth[1:] + table + slots
+
+
+def topology_from(tree: DraftTree, ints: torch.Tensor):
+    """Device tensors (pslot, sib, depth, kids (R, C), rows (R,)) from topology_ints uploaded."""
+    n = len(tree)
+    slots = [s for s, kids in enumerate(tree.children) if kids]
+    width = max((len(tree.children[s]) for s in slots), default=0)
+    pslot, sib, depth = ints[:n], ints[n:2 * n], ints[2 * n:3 * n]
+    kids = ints[3 * n:3 * n + len(slots) * width].view(len(slots), width)
+    return pslot, sib, depth, kids, ints[3 * n + len(slots) * width:]
+
+
+def tree_topology(tree: DraftTree, dev):
+    """tree_topology's tensors on `dev` in one upload (with the tree's tokens, when they are still on the host)."""
+    from draftkit.verify import sync
+
+    ints = topology_ints(tree)
+    host_tokens = tree.tokens.device != torch.device(dev)
+    up = sync.to_device(ints + (tree.host_tokens if host_tokens else []), dev)
+    if host_tokens:
+        tree.tokens = up[len(ints):]
+    return topology_from(tree, up[:len(ints)])
 
 
 def accept(tree: DraftTree, logits: torch.Tensor, s: Sampling,
            gen: torch.Generator | None = None) -> tuple[list[int], int]:
-    """Dispatch on the sampling settings. logits: (n + 1, V) for the root and each node."""
-    if s.greedy:
-        return greedy_accept(tree, logits)
-    p_all = target_probs(logits, s)
-    if s.acceptance == "typical":
-        return typical_accept(tree, p_all, s, gen)
-    return sample_accept(tree, p_all, gen)
+    """One tree on its own: (accepted node indices, bonus token). logits: (n + 1, V) for the root and each
+    node. One upload (the topology) and one read (the walk); the decoding loop does the same for every lane
+    of a step at once (verify/step.py)."""
+    return _accept_one(tree, logits, lambda topo: choose(tree, logits, s, gen, topo))
+
+
+def greedy_accept(tree: DraftTree, logits: torch.Tensor) -> tuple[list[int], int]:
+    """Longest path matching argmax p, then the bonus argmax p. Returns (node indices, bonus)."""
+    return accept(tree, logits, Sampling())
+
+
+def sample_accept(tree: DraftTree, p_all: torch.Tensor, gen: torch.Generator | None = None) -> tuple[list[int], int]:
+    """Lossless multi-draft speculative sampling (see `sample_ranks`) over p_all (n + 1, V), already processed."""
+    return _accept_one(tree, p_all, lambda topo: sample_choice(tree, p_all, gen, topo[0], topo[1], topo[3], topo[4]))
+
+
+def _accept_one(tree: DraftTree, rows: torch.Tensor, rule) -> tuple[list[int], int]:
+    from draftkit.verify.step import ancestors, read_walks, walk
+
+    tree.validate()
+    topo = tree_topology(tree, rows.device)
+    chosen, bonus = rule(topo)
+    anc = ancestors(topo[0] - 1, tree.max_depth - 1)
+    walks, _ = read_walks([walk(chosen, bonus, topo[2], anc, tree.tokens, max(tree.max_depth, 1))])
+    path, _, bonus = walks[0]
+    return path, bonus

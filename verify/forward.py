@@ -1,10 +1,11 @@
 """One target forward over [prefix] + draft tree on top of the verifier's KV buffer.
 
 Works for any transformers causal LM that accepts a 4D additive attention mask
-and explicit position ids (Llama, Qwen2, Mistral, GPT-2, ...). Chains need
-neither: they run with the model's own causal masking, which is also how plain
-decoding runs, so the baseline pays no mask overhead. A model that gets tree
-attention wrong is caught by a one-time probe and limited to chains.
+and explicit position ids (Llama, Qwen2, Mistral, GPT-2, ...). Plain decoding,
+trees and batches all take the same path (`Verifier.run`): the step's input
+(verify/step.py), a mask written in place, one forward. A model that gets tree
+attention wrong is caught by a one-time probe and limited to one sequence with
+chains, which then run with the model's own causal masking.
 """
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import torch
 
 from draftkit.verify.cache import KVBuffer
 from draftkit.verify.contract import DraftTree
+from draftkit.verify.step import SHARED, Piece, StepInputs
 from draftkit.verify.tree import MaskBuffer, positions, verify_block, verify_offsets
 
 
@@ -101,46 +103,79 @@ def context_limit(model) -> int | None:
 
 
 class Verifier:
-    """Holds the target, its KV buffer and its mask buffer for one sequence."""
+    """Holds the target, its KV buffer (one row, shared by every lane of a batch), the owner of each
+    committed entry (a lane's index, or SHARED) and the mask buffer: the one forward path of the loop."""
 
     def __init__(self, model, capacity: int = 256):
         self.model = model
         self.vocab_size = output_vocab(model)
-        self.tree_ok = None  # probed on the first branched tree
+        self.tree_ok = None  # probed before the first forward
         self.max_len = context_limit(model)
         self.masks = MaskBuffer(model.dtype, model.device)
         self.kv = KVBuffer.for_model(model, capacity=capacity)
+        self.owner = torch.full((max(capacity, 1),), SHARED, dtype=torch.long, device=model.device)
+        self.peak_entries = 0
+        self.peak_logits_bytes = 0
 
     @property
     def cache_len(self) -> int:
         return self.kv.lengths[0]
 
-    def _check_tree(self, tree: DraftTree) -> None:
+    def _needs_mask(self, step: StepInputs) -> bool:
+        """Whether the forward needs a 4D mask: not for one lane whose input is a chain on top of a cache it
+        owns entirely (plain decoding, chain drafters), which runs with the model's own causal mask."""
+        if len(step.pieces) == 1 and not step.branched and step.pieces[0].owner in (0, SHARED) \
+                and self.cache_len == step.pieces[0].position:
+            return False
         if self.tree_ok is None:
             self.tree_ok = probe_tree_attention(self.model)
         if not self.tree_ok:
             raise TreeAttentionUnsupported(
                 f"{type(self.model).__name__} does not give correct logits under a 4D tree attention mask; "
-                "use a chain drafter (tree size 1 per depth) with this model")
+                "use a chain drafter (tree size 1 per depth) with this model, one sequence at a time")
+        return True
+
+    def run(self, step: StepInputs, hidden_layers: tuple[int, ...] = (), logits_to_keep: int | None = None):
+        """One target forward over the step's q new rows on top of the cache. Returns logits (k, V) of the
+        last k = logits_to_keep rows (default: all q) and the requested hidden-state layers, one (q, H) each,
+        or None. The q new entries stay pending until `commit_rows`."""
+        inputs = dict(input_ids=step.ids[None], logits_to_keep=logits_to_keep or step.q,
+                      output_hidden_states=bool(hidden_layers))
+        if self._needs_mask(step):
+            owner = self.owner[:self.cache_len]  # (W,): each committed entry's lane
+            past = (owner[None] == step.lane[:, None]) | (owner == SHARED)[None]  # (q, W)
+            inputs["attention_mask"] = self.masks.write(past, step.block)
+            inputs["position_ids"] = step.pos[None]
+        try:
+            out = self.model(cache=self.kv, use_cache=True, **inputs)
+        finally:
+            self.kv.end_forward()
+        self.peak_entries = max(self.peak_entries, self.kv.lengths[0] + self.kv.pending)
+        self.peak_logits_bytes = max(self.peak_logits_bytes, out.logits.numel() * out.logits.element_size())
+        states = tuple(out.hidden_states[i][0] for i in hidden_layers) if hidden_layers else None
+        return out.logits[0], states
+
+    def commit_rows(self, step: StepInputs, keep: torch.Tensor, keep_host: list[int]) -> None:
+        """Keep the pending rows `keep` (K,) long on the device, ascending (keep_host: the same on the host),
+        in that order, with their lanes as owners; drop the other pending rows. No upload."""
+        w, k = self.cache_len, len(keep_host)
+        if w + k > self.owner.numel():
+            grown = torch.full((2 * (w + k),), SHARED, dtype=torch.long, device=self.owner.device)
+            grown[:self.owner.numel()] = self.owner
+            self.owner = grown
+        self.owner[w:w + k] = step.lane[keep]
+        self.kv.keep(keep, keep_host)
 
     @torch.no_grad()
     def forward(self, prefix: torch.Tensor, tree: DraftTree, hidden_layers: tuple[int, ...] = ()):
-        """prefix (m,) committed tokens not yet cached (last = root); tree of n nodes.
+        """One sequence: prefix (m,) committed tokens not yet cached (last = root); tree of n nodes.
 
         Returns logits (n + 1, V) at the root and each node, and the requested hidden-state layers
         (one (m + n, H) tensor each) or None. The m + n new entries stay pending; `commit` next.
         """
-        chain = tree.is_chain
-        if not chain:
-            self._check_tree(tree)
-        m = prefix.numel()
-        ids = torch.cat([prefix, tree.tokens])[None] if len(tree) else prefix[None]
-        block = None if chain else verify_block(tree, m)
-        offsets = None if chain else verify_offsets(tree, m)
-        out = run_model(self.model, self.kv, self.masks, block, offsets, input_ids=ids,
-                        logits_to_keep=len(tree) + 1, output_hidden_states=bool(hidden_layers))
-        states = tuple(out.hidden_states[i][0] for i in hidden_layers) if hidden_layers else None
-        return out.logits[0], states
+        step = StepInputs([Piece(0, self.cache_len, prefix, tree.validate())], self.model.device)
+        logits, states = self.run(step, hidden_layers, len(tree) + 1)
+        return logits, states
 
     def commit(self, prefix_len: int, accepted: list[int]) -> None:
         """Keep the prefix and the accepted nodes' entries; O(accepted) copies at most."""
