@@ -131,13 +131,13 @@ class LookaheadDrafter:
 
     # --- learning ----------------------------------------------------------------------------
     def update(self, result: StepResult) -> None:
-        self._extend(result.new_tokens.tolist())
+        self._extend(result.new_token_list)
         if not len(result.tree):
             return
         _, slots = result.tree.extra
         if not slots:
             return
-        pred = result.logits.argmax(-1).tolist()  # row 0 = root slot, row s + 1 = node s
+        pred = result.top1 if result.top1 is not None else result.logits.argmax(-1).tolist()  # row s + 1 = node s
         top = self.n - 2
         for i in range(self.n - 2, self.w):  # diagonals that span every level
             diag = [self.levels[j][i - top + j] for j in range(self.n - 1)]

@@ -248,6 +248,7 @@ class MedusaDrafter:
         acc = self.accuracies or default_accuracies(self.heads.num_heads, max(self.top_k, 1))
         self._by_value = sorted(choices, key=lambda p: (-path_value(p, acc), len(p), p))
         self._layouts: dict[tuple[int, int], tuple] = {}
+        self._on_device: dict[tuple, tuple] = {}  # (layout key, device) -> (head, rank) there: uploaded once
 
     def set_tree_size(self, tree_size: int) -> None:
         """Rebuild the tree from the stored accuracies (or a default profile) with `tree_size` nodes."""
@@ -286,8 +287,11 @@ class MedusaDrafter:
             return self._sampled(logits, head, parents, state.temperature, device, self.sampling or state.sampling,
                                  state.generator)
         top = logits.topk(self.top_k, dim=-1).indices  # (num_heads, top_k), stays on the device
-        tokens = top[head.to(top.device), rank.to(top.device)].to(device)
-        tree = DraftTree(tokens, torch.tensor(parents, device=device))
+        key = (max_depth, state.budget.max_nodes, top.device)
+        if key not in self._on_device:
+            self._on_device[key] = (head.to(top.device), rank.to(top.device))
+        tokens = top[self._on_device[key]].to(device)
+        tree = DraftTree(tokens, torch.tensor(parents))  # the topology stays on the host
         tree._parents = parents  # the topology is known on the host: validation reads nothing back
         return tree
 

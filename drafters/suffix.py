@@ -443,7 +443,7 @@ class SuffixDrafter:
 
     # --- learning ----------------------------------------------------------------------------
     def update(self, result: StepResult) -> None:
-        self._extend(result.new_tokens.tolist())
+        self._extend(result.new_token_list)
         d = result.tree.extra
         if isinstance(d, SuffixDraft) and d.tag is not None and not d.from_global.isdisjoint(result.accepted):
             self.cache.touch(d.tag)  # a draft from that earlier request was accepted: keep it longer

@@ -83,6 +83,7 @@ def sample_chain(root_logits: torch.Tensor, forward: Forward, depth: int, greedy
     dev = root_logits.device
     gen = generator_on(gen, dev)
     picked, qs, logits = [], [], root_logits
+    rows = torch.arange(-1, depth + 1, device=dev)  # parent rows and depths as slices: no upload per level
     for d in range(depth):
         if greedy:
             tok = logits.argmax()[None]
@@ -93,7 +94,7 @@ def sample_chain(root_logits: torch.Tensor, forward: Forward, depth: int, greedy
         picked.append(tok)
         if d + 1 == depth:
             break
-        logits = forward(tok, torch.tensor([d - 1], device=dev), None, torch.tensor([d + 1], device=dev))[0]
+        logits = forward(tok, rows[d:d + 1], None, rows[d + 2:d + 3])[0]
     tokens = torch.cat(picked).tolist()  # the drafter's one read of its chain
     # node d went through the draft as its d-th row; the last one did not
     return DraftTree.from_lists(tokens, list(range(-1, depth - 1)), dev, torch.stack(qs) if qs else None,
@@ -133,7 +134,12 @@ def dynamic_tree(root_logits: torch.Tensor, forward: Forward, depth: int, top_k:
         depths.append(torch.full((k * top_k,), d + 1, device=dev))
         best = cand.flatten().topk(min(top_k, cand.numel()))
         frontier = first_new + best.indices
-    host = [t.tolist() for t in (torch.cat(toks), torch.cat(pars), torch.cat(scores), torch.cat(depths), run)]
+    parts = (torch.cat(toks), torch.cat(pars), torch.cat(scores), torch.cat(depths), run)
+    flat = torch.cat([t.double() for t in parts]).tolist()  # the drafter's one read (ids are exact in float64)
+    host, at = [], 0
+    for i, t in enumerate(parts):
+        host.append(flat[at:at + t.numel()] if i == 2 else [int(x) for x in flat[at:at + t.numel()]])
+        at += t.numel()
     return _select(*host, max_nodes, dev)
 
 

@@ -10,7 +10,9 @@ Prints:
     verifier's overhead on top of the raw forward;
  2. the loop's own time per decoding step outside model forwards (plain decoding);
  3. the share of each step spent drafting for EAGLE-2, EAGLE-3 and the standalone draft (fixed budgets);
- 4. plain decoding through draftkit against transformers' `generate`, interleaved.
+ 4. plain decoding through draftkit against transformers' `generate`, interleaved;
+ 5. host <-> device transfers per step (eval/syncs.py): the loop's own (one upload, one read) and
+    each drafter's, per decoding step of one prompt (per-run transfers included).
 """
 from __future__ import annotations
 
@@ -28,6 +30,7 @@ from transformers import DynamicCache  # noqa: E402
 import draftkit as dk  # noqa: E402
 from draftkit.eval.measure import Method, measure, median_spread, speedups  # noqa: E402
 from draftkit.eval.peers import hf_plain  # noqa: E402
+from draftkit.eval.syncs import SyncCounter  # noqa: E402
 from draftkit.eval.tasks import build_tasks  # noqa: E402
 from draftkit.verify.contract import DraftTree  # noqa: E402
 from draftkit.verify.forward import Verifier  # noqa: E402
@@ -126,6 +129,18 @@ def draft_shares(target, tok, prompts, n: int) -> dict[str, tuple[float, float]]
     return out
 
 
+def transfers(target, tok, ids, n: int) -> dict[str, dict[str, float]]:
+    """Per drafter: host reads and uploads per step, by who makes them (a conservative count on a CPU)."""
+    out = {}
+    for name in ("plain", "lookahead", "suffix", "standalone", "eagle", "medusa"):
+        drafter = dk.make_drafter(name, target, tokenizer=tok)
+        dk.generate(target, ids, drafter, max_new_tokens=8, eos_token_id=[])  # one-time costs (the probe, profiles)
+        with SyncCounter(drafter) as counter:
+            steps = len(dk.generate(target, ids, drafter, max_new_tokens=n, eos_token_id=[], budget="fixed").stats.steps)
+        out[name] = counter.per_step(steps)
+    return out
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--target", default=None, help="target model path or hub id (default: the shipped target)")
@@ -166,6 +181,12 @@ def main(argv=None):
     print(f"\n4. plain decoding through draftkit / transformers generate: {sp:.2f}x [{lo:.2f}-{hi:.2f}] "
           f"({statistics.median(res['plain (draftkit)'].tokens_per_s):.0f} vs "
           f"{statistics.median(res['hf generate'].tokens_per_s):.0f} tok/s; identical outputs {same}/{len(prompts)})")
+
+    print("\n5. host transfers per step (fixed budgets, one prompt; per-run transfers included)")
+    for name, c in transfers(target, tok, prompts[0], args.max_new_tokens).items():
+        print(f"   {name:12} loop {c['loop_upload']:.2f} up / {c['loop_read']:.2f} read; drafter "
+              f"{c['drafter_upload']:.2f} up / {c['drafter_read']:.2f} read; other {c['other_upload']:.2f} up / "
+              f"{c['other_read']:.2f} read")
 
 
 if __name__ == "__main__":

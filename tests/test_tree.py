@@ -184,3 +184,83 @@ def test_eval_and_the_library_never_import_train():
     offenders = [str(p.relative_to(root)) for p in files
                  if re.search(r"^\s*(from|import)\s+(draftkit\.)?train\b", p.read_text(), re.M)]
     assert offenders == []
+
+
+class FakeAttention(torch.nn.Module):
+    """A one-layer 'model' whose logits at a position are a fixed function of the tokens it may see, written
+    through the KV cache like a real model's: what a correct tree mask gives, computed in fp32 and rounded
+    to `dtype`. `jitter` scales the logits of masked (tree) forwards by 1 + jitter before rounding, so the two
+    routes differ by the dtype's rounding; `see_all` ignores the mask (a model that gets tree attention wrong)."""
+
+    def __init__(self, dtype=torch.bfloat16, jitter=2 ** -8, see_all=False, fail=None, vocab=16):
+        super().__init__()
+        from transformers import LlamaConfig
+
+        self.config = LlamaConfig(vocab_size=vocab, num_hidden_layers=1, hidden_size=8, num_attention_heads=1)
+        self.dtype_, self.jitter, self.see_all, self.fail = dtype, jitter, see_all, fail
+        g = torch.Generator().manual_seed(0)
+        self.seen = torch.randn(vocab, vocab, generator=g) * 4  # what seeing token t adds to the logits
+        self.own = torch.randn(vocab, vocab, generator=g) * 4
+
+    dtype = property(lambda self: self.dtype_)
+    device = property(lambda self: torch.device("cpu"))
+
+    def forward(self, input_ids, cache=None, attention_mask=None, position_ids=None, **kwargs):
+        from types import SimpleNamespace
+
+        if self.fail is not None:
+            raise self.fail
+        ids = input_ids[0]
+        q = ids.numel()
+        visible = torch.ones(q, q).tril()
+        if cache is not None:  # the cache holds every token this row may see (keys = token ids)
+            keys, _ = cache.layers[0].update(ids.float()[None, None, :, None], ids.float()[None, None, :, None], 0)
+            ids_all = keys[0, 0, :, 0].long()
+            if attention_mask is not None:
+                visible = (attention_mask[0, 0] == 0).float()
+                if self.see_all:
+                    visible = torch.ones_like(visible)
+            else:
+                visible = torch.cat([torch.ones(q, ids_all.numel() - q), visible], 1)
+        else:
+            ids_all = ids
+        logits = visible @ self.seen[ids_all] / visible.sum(1, keepdim=True) + self.own[ids]
+        if attention_mask is not None:
+            logits = logits * (1 + self.jitter)
+        return SimpleNamespace(logits=logits.to(self.dtype_)[None])
+
+
+def test_the_probe_passes_bf16_logits_that_differ_by_rounding():
+    from draftkit.verify.forward import tree_logits_agree
+
+    assert probe_tree_attention(FakeAttention(torch.bfloat16))
+    # the same rounding in fp32 would be a real difference: the tolerance follows the dtype
+    assert not probe_tree_attention(FakeAttention(torch.float32, jitter=2 ** -5))
+    assert not probe_tree_attention(FakeAttention(torch.bfloat16, see_all=True))  # a wrong mask still fails
+    ref = torch.randn(3, 16) * 5
+    assert tree_logits_agree(ref.bfloat16(), ref, torch.bfloat16)
+    assert not tree_logits_agree(ref.bfloat16(), ref, torch.float32)
+
+
+def test_out_of_memory_in_the_probe_reaches_the_user():
+    model = FakeAttention(fail=torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"))
+    with pytest.raises(torch.OutOfMemoryError):
+        probe_tree_attention(model)
+    assert getattr(model, "_draftkit_tree_ok", None) is None  # nothing decided: the next call probes again
+    with pytest.raises(KeyError):
+        probe_tree_attention(FakeAttention(fail=KeyError("a bug in the model")))
+    assert not probe_tree_attention(FakeAttention(fail=TypeError("unexpected keyword argument 'position_ids'")))
+
+
+def test_a_model_limited_to_chains_still_decodes_chains_under_the_auto_budget(monkeypatch, tmp_path):
+    from draftkit.drafters.standalone import StandaloneDrafter
+    from draftkit.verify.decode import generate
+
+    monkeypatch.setenv("DRAFTKIT_CACHE", str(tmp_path))  # no saved profile: this one is measured here
+    model = tiny_model("llama")
+    prompt = torch.tensor([1, 2, 3])
+    ref = generate(model, prompt, max_new_tokens=20, eos_token_id=[]).tokens.tolist()
+    model._draftkit_tree_ok = False  # the cost profile must measure chains, not bushy trees
+    out = generate(model, prompt, StandaloneDrafter(model, max_depth=3), max_new_tokens=20, eos_token_id=[],
+                   budget="auto")
+    assert out.tokens.tolist() == ref

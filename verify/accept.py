@@ -97,85 +97,58 @@ def target_probs(logits: torch.Tensor, s: Sampling) -> torch.Tensor:
     return logits.softmax(-1)
 
 
-def greedy_accept(tree: DraftTree, logits: torch.Tensor) -> tuple[list[int], int]:
-    """Longest path matching argmax p, then the bonus argmax p. Returns (node indices, bonus).
-    One host read: argmax p per slot (with the node tokens when the tree was built on the device)."""
-    best = logits.argmax(-1)
-    if tree._tokens is None and len(tree):
-        both = torch.cat([best, tree.tokens]).tolist()
-        best, tree._tokens = both[:len(tree) + 1], both[len(tree) + 1:]
-    else:
-        best = best.tolist()
-    tokens = tree.host_tokens
-    children, slot, accepted = tree.children, 0, []
-    while True:
-        want = best[slot]
-        nxt = next((c for c in children[slot] if tokens[c - 1] == want), None)
-        if nxt is None:
-            return accepted, want
-        accepted.append(nxt - 1)
-        slot = nxt
+def greedy_choice(tokens: torch.Tensor, logits: torch.Tensor, pslot: torch.Tensor, best: torch.Tensor | None = None):
+    """Greedy: a node is chosen when its token is argmax p at its parent's slot (the first such sibling).
+    tokens, pslot (n,); logits (S, V); best (S,) argmax p if already known. Returns chosen (n,) bool and the
+    bonus at each slot (S,) = argmax p."""
+    best = logits.argmax(-1) if best is None else best  # (S,)
+    n = tokens.numel()
+    if n == 0:
+        return torch.zeros(0, dtype=torch.bool, device=best.device), best
+    match = tokens == best[pslot]
+    idx = torch.arange(n, device=tokens.device)
+    first = torch.full((n + 1,), n, dtype=torch.long, device=tokens.device).scatter_reduce(
+        0, pslot, torch.where(match, idx, n), "amin")
+    return match & (first[pslot] == idx), best
 
 
-def _draw(p: torch.Tensor, gen: torch.Generator | None) -> int:
-    return int(torch.multinomial(p, 1, generator=gen))
+def sample_ranks(tree: DraftTree, p_all: torch.Tensor, gen: torch.Generator | None, kids: torch.Tensor,
+                 rows: torch.Tensor, draws=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Lossless multi-draft speculative sampling over the tree, every slot at once. p_all is (S, V) with
+    S = n + 1; kids (R, C) the node tested at each draw of the R slots that have children (-1 padded: a plain
+    tree's children in order, a merged tree's draws), rows (R,) those slots; draws: a merged tree's
+    (qrow, fresh, wor) (R, C) tables (merged_draw_tables), None for a plain tree. Returns rank (R,): the draw
+    accepted at each such slot (-1: none), and the bonus token drawn at every slot (S,) from what remains of p.
 
-
-def _draw_table(tree: DraftTree, device):
-    """The draws behind each slot's children, in test order: (slots with children, node (R, C) child node of
-    each draw (-1 pads), row (R, C) its q row (-1: one-hot), fresh (R, C) a new group starts here,
-    wor (R, C) its group drew without replacement, q (m, V) or None). A plain tree has one group per slot
-    (its children in order, node i's q in row i); a merged tree lists its draws (contract.SiblingDraws)."""
-    merged = tree.sibling_draws
-    if merged is None:
-        wor = tree.draws == WITHOUT_REPLACEMENT
-        order = [[(c - 1, c - 1 if tree.q is not None else -1, 0) for c in kids] for kids in tree.children]
-        q, group_wor = tree.q, [wor]
-    else:
-        order, q, group_wor = merged.order, merged.q, merged.without_replacement
-    slots = [s for s, draws in enumerate(order) if draws]
-    width = max(len(order[s]) for s in slots)
-    pad = [(-1, -1, -1)] * width
-    cells = [list(order[s]) + pad[:width - len(order[s])] for s in slots]
-    node = [[d[0] for d in cell] for cell in cells]
-    qrow = [[d[1] for d in cell] for cell in cells]
-    fresh = [[j == 0 or cell[j][2] != cell[j - 1][2] for j in range(width)] for cell in cells]
-    wor = [[d[2] >= 0 and group_wor[d[2]] for d in cell] for cell in cells]
-    as_t = lambda x, dt: torch.tensor(x, dtype=dt, device=device)  # noqa: E731
-    return (slots, as_t(node, torch.long), as_t(qrow, torch.long), as_t(fresh, torch.bool), as_t(wor, torch.bool),
-            None if q is None else q.float())
-
-
-def sample_accept(tree: DraftTree, p_all: torch.Tensor, gen: torch.Generator | None = None) -> tuple[list[int], int]:
-    """Lossless multi-draft speculative sampling over the tree. p_all is (n + 1, V).
-
-    The outcome at a slot depends only on that slot's p, its draws and fresh randomness, so
-    every slot is decided at once, one draw rank at a time with tensor ops (R slots with
-    children, C the most draws at one slot); the walk from the root then reads the results
-    back once. Uniforms drawn for slots off the accepted path are simply never used.
-    Per draw j of a slot (a child x_j with its q_j), with p the slot's current (residual) distribution:
-      iid draws (SpecInfer):  accept x_j w.p. min(1, p(x_j) / q_j(x_j)); else p <- norm(max(p - q_j, 0))
+    The outcome at a slot depends only on that slot's p, its children and fresh randomness, so every slot
+    is decided at once, one sibling rank at a time with tensor ops; uniforms drawn for slots off the
+    accepted path are simply never used. Per sibling j of a slot, with p the slot's current (residual) p:
+      iid draws (SpecInfer):  accept x_j w.p. min(1, p(x_j) / q(x_j)); else p <- norm(max(p - q, 0))
       without replacement (recursive rejection sampling, Jeon et al. 2024): q_j is q with the
         earlier siblings' tokens removed and renormalized; accept w.p. min(1, p(x_j) / q_j(x_j));
         else p <- norm(max(p - q_j, 0)). Exact when a slot's children, in order, are its first
         draws and their number was fixed before they were seen (it may depend on earlier
         siblings, never on the kept or dropped draws themselves: see drafters/tree_search.py)
-      one-hot q (deterministic): accept w.p. p(x_j); else p(x_j) <- 0 and renormalize.
-    A merged tree (contract.SiblingDraws) mixes these per group: each group's draws follow their own
-    rule, groups follow each other (independent draws with different q: SpecInfer's multi-step rule),
-    and a node drawn by several groups is tested at each of its draws.
-    The bonus is drawn from what remains of p at the slot where the walk stops.
+      one-hot q (q is None): accept w.p. p(x_j); else p(x_j) <- 0 and renormalize.
+    A merged tree (contract.SiblingDraws) mixes these per group: each group's draws follow their own rule,
+    groups follow each other (independent draws with different q: SpecInfer's multi-step rule), and a node
+    drawn by several groups is tested at each of its draws, with that draw's q.
     """
     dev = p_all.device
     final = p_all.float().clone()  # (S, V): the distribution each slot's bonus is drawn from
-    rank = None
-    if len(tree):
-        slots, kids, qrow, fresh, wor, q_all = _draw_table(tree, dev)  # (R, C) each
-        rows = torch.tensor(slots, device=dev)
+    rank = torch.full((rows.numel(),), -1, dtype=torch.long, device=dev)
+    if rows.numel():
         p = final[rows]  # (R, V)
-        xs = tree.tokens[kids.clamp_min(0)]  # (R, C) drawn tokens
+        xs = tree.tokens[kids.clamp_min(0)]  # (R, C) sibling tokens
         u = torch.rand(kids.shape, generator=gen, device=dev)
-        rank = torch.full((len(slots),), -1, dtype=torch.long, device=dev)
+        if draws is None:  # a plain tree: node i's q in row i, one group per slot
+            q_all, qrow = (None, None) if tree.q is None else (tree.q.float(), kids)
+            fresh = torch.zeros_like(kids, dtype=torch.bool)
+            fresh[:, 0] = True
+            wor = torch.full_like(kids, tree.draws == WITHOUT_REPLACEMENT, dtype=torch.bool)
+        else:
+            q_all = None if tree.sibling_draws.q is None else tree.sibling_draws.q.float()
+            qrow, fresh, wor = draws
         removed = torch.zeros_like(p) if q_all is not None and bool(wor.any()) else None
         for j in range(kids.shape[1]):
             live = (kids[:, j] >= 0) & (rank < 0)
@@ -201,43 +174,145 @@ def sample_accept(tree: DraftTree, p_all: torch.Tensor, gen: torch.Generator | N
             residual = torch.where(total > 0, residual / total.clamp_min(1e-30), p)
             p = torch.where((live & ~ok)[:, None], residual, p)
         final[rows] = p
-    bonus = torch.multinomial(final, 1, generator=gen)[:, 0]  # (S,)
-    if rank is None:
-        return [], int(bonus[0])
-    host = torch.cat([rank, bonus]).tolist()  # the one host read of the step
-    rank_of, bonus = dict(zip(slots, host[:len(slots)])), host[len(slots):]
+    return rank, torch.multinomial(final, 1, generator=gen)[:, 0]
+
+
+def merged_draw_tables(tree: DraftTree, kids: torch.Tensor):
+    """(qrow, fresh, wor) (R, C) of a merged tree's draws, in kids' layout (one more upload, merged trees only)."""
+    from draftkit.verify import sync
+
     merged = tree.sibling_draws
-    slot, accepted = 0, []
-    while rank_of.get(slot, -1) >= 0:
-        j = rank_of[slot]
-        slot = merged.order[slot][j][0] + 1 if merged is not None else tree.children[slot][j]
-        accepted.append(slot - 1)
-    return accepted, bonus[slot]
+    cells = [draws for draws in merged.order if draws]
+    width = kids.shape[1]
+    ints = []
+    for draws in cells:
+        pad = width - len(draws)
+        ints += [r for _, r, _ in draws] + [-1] * pad
+        ints += [int(j == 0 or draws[j][2] != draws[j - 1][2]) for j in range(len(draws))] + [0] * pad
+        ints += [int(merged.without_replacement[g]) for _, _, g in draws] + [0] * pad
+    up = sync.to_device(ints, kids.device).view(len(cells), 3, width) if cells else \
+        torch.zeros(0, 3, width, dtype=torch.long, device=kids.device)
+    return up[:, 0], up[:, 1].bool(), up[:, 2].bool()
 
 
-def typical_accept(tree: DraftTree, p_all: torch.Tensor, s: Sampling,
-                   gen: torch.Generator | None = None) -> tuple[list[int], int]:
-    """Medusa's typical acceptance (lossy): most likely child above the entropy threshold."""
+def sample_choice(tree: DraftTree, p_all: torch.Tensor, gen, pslot, sib, kids, rows):
+    """Exact sampling as (chosen (n,) bool, bonus per slot (S,)): a node is chosen when its parent's slot
+    accepted a draw of it."""
+    draws = merged_draw_tables(tree, kids) if tree.sibling_draws is not None and rows.numel() else None
+    rank, bonus = sample_ranks(tree, p_all, gen, kids, rows, draws)
+    n = pslot.numel()
+    if tree.sibling_draws is None:
+        at_slot = torch.full((p_all.shape[0],), -1, dtype=torch.long, device=p_all.device).scatter(0, rows, rank)
+        return at_slot[pslot] == sib, bonus
+    node = kids.gather(1, rank.clamp_min(0)[:, None])[:, 0]  # (R,) the node of each slot's accepted draw
+    chosen = torch.zeros(n + 1, dtype=torch.bool, device=p_all.device)
+    chosen = chosen.scatter(0, torch.where(rank >= 0, node, n), True)  # index n: slots that accepted none
+    return chosen[:n], bonus
+
+
+def typical_choice(tokens, p_all: torch.Tensor, s: Sampling, gen, pslot):
+    """Medusa's typical acceptance (lossy): at each slot the most likely child above the entropy threshold
+    min(eps, delta * exp(-H(p))) (ties: the later sibling). Returns (chosen (n,), bonus per slot (S,))."""
     entropy = -(p_all * p_all.clamp_min(1e-20).log()).sum(-1)
-    threshold = torch.minimum(torch.full_like(entropy, s.typical_eps), s.typical_delta * torch.exp(-entropy)).tolist()
-    tokens = tree.host_tokens
-    children, slot, accepted = tree.children, 0, []
-    while True:
-        kids = children[slot]
-        probs = [float(p_all[slot, tokens[c - 1]]) for c in kids]
-        ok = [(pr, c) for pr, c in zip(probs, kids) if pr > threshold[slot]]
-        if not ok:
-            return accepted, _draw(p_all[slot], gen)
-        slot = max(ok)[1]
-        accepted.append(slot - 1)
+    threshold = torch.minimum(torch.full_like(entropy, s.typical_eps), s.typical_delta * torch.exp(-entropy))
+    n, S = tokens.numel(), p_all.shape[0]
+    pc = p_all[pslot, tokens]  # (n,) p of each child at its parent's slot
+    ok = pc > threshold[pslot]
+    top = torch.full((S,), -1.0, device=p_all.device).scatter_reduce(0, pslot, torch.where(ok, pc, -1.0), "amax")
+    cand = ok & (pc == top[pslot])
+    idx = torch.arange(n, device=tokens.device)
+    last = torch.full((S,), -1, dtype=torch.long, device=tokens.device).scatter_reduce(
+        0, pslot, torch.where(cand, idx, -1), "amax")
+    return cand & (last[pslot] == idx), torch.multinomial(p_all.float(), 1, generator=gen)[:, 0]
+
+
+def choose(tree: DraftTree, logits: torch.Tensor, s: Sampling, gen, topo,
+           best: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The rule the sampling settings name, on the device: (chosen (n,) bool, bonus per slot (S,) long).
+    logits (S, V) unprocessed, for the root slot and each node; topo: tree_topology's tensors; best (S,):
+    argmax of logits when the caller has it."""
+    pslot, sib, _, kids, rows = topo
+    if s.greedy:
+        return greedy_choice(tree.tokens, logits, pslot, best)
+    p_all = target_probs(logits, s)
+    if s.acceptance == "typical":
+        return typical_choice(tree.tokens, p_all, s, gen, pslot)
+    return sample_choice(tree, p_all, gen, pslot, sib, kids, rows)
+
+
+def tested_nodes(tree: DraftTree) -> list[list[int]]:
+    """Per slot, the node tested at each draw, in test order: a plain tree's children, a merged tree's draws
+    (a node several members drew is listed at each of its draws)."""
+    if tree.sibling_draws is not None:
+        return [[node for node, _, _ in draws] for draws in tree.sibling_draws.order]
+    return [[c - 1 for c in kids] for kids in tree.children]
+
+
+def topology_ints(tree: DraftTree) -> list[int]:
+    """Host ints the device rules need, for the step's one upload: parent slot (n), sibling rank (n),
+    depth (n), then the draw table (R * C: the node tested at each draw, -1 pads) and the slots that have
+    children (R)."""
+    children = tree.children
+    n = len(tree)
+    pslot, sib = [0] * n, [0] * n
+    for s, kids in enumerate(children):
+        for r, c in enumerate(kids):
+            pslot[c - 1], sib[c - 1] = s, r
+    tested = tested_nodes(tree)
+    slots = [s for s, nodes in enumerate(tested) if nodes]
+    width = max((len(tested[s]) for s in slots), default=0)
+    table = [t for s in slots for t in tested[s] + [-1] * (width - len(tested[s]))]
+    return pslot + sib + tree.depth[1:] + table + slots
+
+
+def topology_from(tree: DraftTree, ints: torch.Tensor):
+    """Device tensors (pslot, sib, depth, kids (R, C), rows (R,)) from topology_ints uploaded."""
+    n = len(tree)
+    tested = tested_nodes(tree)
+    slots = [s for s, nodes in enumerate(tested) if nodes]
+    width = max((len(tested[s]) for s in slots), default=0)
+    pslot, sib, depth = ints[:n], ints[n:2 * n], ints[2 * n:3 * n]
+    kids = ints[3 * n:3 * n + len(slots) * width].view(len(slots), width)
+    return pslot, sib, depth, kids, ints[3 * n + len(slots) * width:]
+
+
+def tree_topology(tree: DraftTree, dev):
+    """tree_topology's tensors on `dev` in one upload (with the tree's tokens, when they are still on the host)."""
+    from draftkit.verify import sync
+
+    ints = topology_ints(tree)
+    host_tokens = tree.tokens.device != torch.device(dev)
+    up = sync.to_device(ints + (tree.host_tokens if host_tokens else []), dev)
+    if host_tokens:
+        tree.tokens = up[len(ints):]
+    return topology_from(tree, up[:len(ints)])
 
 
 def accept(tree: DraftTree, logits: torch.Tensor, s: Sampling,
            gen: torch.Generator | None = None) -> tuple[list[int], int]:
-    """Dispatch on the sampling settings. logits: (n + 1, V) for the root and each node."""
-    if s.greedy:
-        return greedy_accept(tree, logits)
-    p_all = target_probs(logits, s)
-    if s.acceptance == "typical":
-        return typical_accept(tree, p_all, s, gen)
-    return sample_accept(tree, p_all, gen)
+    """One tree on its own: (accepted node indices, bonus token). logits: (n + 1, V) for the root and each
+    node. One upload (the topology) and one read (the walk); the decoding loop does the same for every lane
+    of a step at once (verify/step.py)."""
+    return _accept_one(tree, logits, lambda topo: choose(tree, logits, s, gen, topo))
+
+
+def greedy_accept(tree: DraftTree, logits: torch.Tensor) -> tuple[list[int], int]:
+    """Longest path matching argmax p, then the bonus argmax p. Returns (node indices, bonus)."""
+    return accept(tree, logits, Sampling())
+
+
+def sample_accept(tree: DraftTree, p_all: torch.Tensor, gen: torch.Generator | None = None) -> tuple[list[int], int]:
+    """Lossless multi-draft speculative sampling (see `sample_ranks`) over p_all (n + 1, V), already processed."""
+    return _accept_one(tree, p_all, lambda topo: sample_choice(tree, p_all, gen, topo[0], topo[1], topo[3], topo[4]))
+
+
+def _accept_one(tree: DraftTree, rows: torch.Tensor, rule) -> tuple[list[int], int]:
+    from draftkit.verify.step import ancestors, read_walks, walk
+
+    tree.validate()
+    topo = tree_topology(tree, rows.device)
+    chosen, bonus = rule(topo)
+    anc = ancestors(topo[0] - 1, tree.max_depth - 1)
+    walks, _ = read_walks([walk(chosen, bonus, topo[2], anc, tree.tokens, max(tree.max_depth, 1))])
+    path, _, bonus = walks[0]
+    return path, bonus

@@ -162,6 +162,21 @@ class KVBuffer(Cache):
             for layer in self.layers:
                 layer.move(idx[0], idx[1], idx[2])
 
+    def keep(self, keep: torch.Tensor, keep_host: list[int]) -> None:
+        """One row: keep the pending entries at offsets `keep` (K,) long on the device, ascending (keep_host: the
+        same offsets on the host), in that order. Entries already in place are not touched; the rest are
+        gathered then written in one indexed copy per layer, from device indices (no upload)."""
+        assert self.batch_size == 1, "keep() is for the single row of a packed buffer"
+        base = self.lengths[0]
+        first = next((i for i, off in enumerate(keep_host) if off != i), len(keep_host))
+        if first < len(keep_host) and self.layers[0].is_initialized:
+            src = keep[first:] + base
+            for layer in self.layers:
+                layer.keys[:, :, base + first:base + len(keep_host)] = layer.keys.index_select(2, src)
+                layer.values[:, :, base + first:base + len(keep_host)] = layer.values.index_select(2, src)
+        self.lengths[0] = base + len(keep_host)
+        self.pending = 0
+
     def drop_pending(self) -> None:
         self.commit([[] for _ in self.lengths])
 

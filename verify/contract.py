@@ -94,9 +94,11 @@ class DraftTree:
     @staticmethod
     def from_lists(tokens: Sequence[int], parents: Sequence[int], device=None, q=None, draws: str = IID,
                    extra=None) -> "DraftTree":
-        """A tree built on the host: the host copies are kept, so validation reads nothing back."""
-        tree = DraftTree(torch.tensor(tokens, dtype=torch.long, device=device),
-                         torch.tensor(parents, dtype=torch.long, device=device), q, draws, extra)
+        """A tree built on the host: the host copies are kept, so validation reads nothing back. Its tensors
+        stay on the host (`device` is accepted for compatibility): the verifier uploads the tokens with the
+        rest of the step in one copy and replaces `tokens` by that device copy."""
+        tree = DraftTree(torch.tensor(tokens, dtype=torch.long), torch.tensor(parents, dtype=torch.long), q, draws,
+                         extra)
         tree._tokens, tree._parents = list(tokens), list(parents)
         return tree
 
@@ -255,6 +257,7 @@ class StepResult:
                   at the kept positions, or None when it asked for none
     logits:       (n + 1, V) target logits at the root slot and at every node (unprocessed)
     tree, accepted: the tree that was verified (with its .extra) and the accepted node indices
+    top1, new_token_ids: host copies the loop read anyway (argmax p per row, the new tokens)
     """
 
     new_tokens: torch.Tensor
@@ -263,6 +266,13 @@ class StepResult:
     logits: torch.Tensor
     tree: DraftTree
     accepted: list[int]
+    top1: list[int] | None = None  # argmax of `logits` per row, read with the step's result (no extra read)
+    new_token_ids: list[int] | None = None  # new_tokens on the host
+
+    @property
+    def new_token_list(self) -> list[int]:
+        """new_tokens as host ints, without a device read when the loop already has them."""
+        return self.new_token_ids if self.new_token_ids is not None else self.new_tokens.tolist()
 
 
 @runtime_checkable

@@ -69,8 +69,9 @@ def _cache_dir() -> Path:
     return Path(os.environ.get("DRAFTKIT_CACHE", Path.home() / ".cache" / "draftkit")) / "cost"
 
 
-def machine_key() -> str:
-    dev = torch.cuda.get_device_name() if torch.cuda.is_available() else platform.processor() or platform.machine()
+def machine_key(device=None) -> str:
+    device = torch.device(device or "cpu")
+    dev = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or platform.machine()
     return f"{dev}|{os.cpu_count()}cpu|{torch.get_num_threads()}threads|torch{torch.__version__}"
 
 
@@ -116,7 +117,8 @@ class CostProfile:
     def measure(cls, model, context: int, sizes=PROFILE_SIZES, reps: int = 5) -> "CostProfile":
         """A few forwards at `context` tokens: the median of `reps` timings per tree size."""
         from draftkit.verify.contract import DraftTree
-        from draftkit.verify.forward import Verifier
+        from draftkit.verify.forward import Verifier, probe_tree_attention
+        from draftkit.verify.timing import clock_for
 
         ver = Verifier(model, capacity=context + max(sizes) + 2)
         vocab = ver.vocab_size
@@ -126,21 +128,19 @@ class CostProfile:
         root = ids[-1:]
 
         trees = [DraftTree.empty(model.device).validate()]
+        branched = probe_tree_attention(model)  # a model limited to chains is measured on chains
         for n in sizes:  # bushy trees, 4 children per node, like the methods' trees
-            parents = [-1 if i < 4 else (i - 4) // 4 for i in range(n)]
+            parents = [-1 if i < 4 else (i - 4) // 4 for i in range(n)] if branched else list(range(-1, n - 1))
             tokens = torch.randint(0, vocab, (n,), generator=torch.Generator().manual_seed(n)).tolist()
             trees.append(DraftTree.from_lists(tokens, parents, model.device).validate())
         times = [[] for _ in trees]
+        clock = clock_for(model)  # waits for the model's own device before each reading
         for rep in range(reps + 1):  # interleaved, so drifts of the machine hit every size alike
             for i, tree in enumerate(trees):
-                if model.device.type == "cuda":
-                    torch.cuda.synchronize()
-                t0 = time.perf_counter()
+                t0 = clock.now()
                 ver.forward(root, tree)
-                if model.device.type == "cuda":
-                    torch.cuda.synchronize()
                 if rep:  # the first round warms up
-                    times[i].append(time.perf_counter() - t0)
+                    times[i].append(clock.now() - t0)
                 ver.kv.drop_pending()  # the same context every time
         plain, *rest = (min(t) for t in times)  # other processes only ever add time: the minimum is the cost
         ratios = [max(1.0, t / plain) for t in rest]
@@ -154,7 +154,7 @@ class CostProfile:
         """The saved profile for this machine + model + context bucket, measured and saved if absent
         (or when `refresh`: a benchmark about to start, or a saved profile that the steps contradict)."""
         bucket = context_bucket(context)
-        key = f"{machine_key()}|{model_key(model)}|ctx{bucket}"
+        key = f"{machine_key(model.device)}|{model_key(model)}|ctx{bucket}"
         path = _cache_dir() / (hashlib.sha256(key.encode()).hexdigest()[:20] + ".json")
         if cache and path.exists() and not refresh:
             try:
@@ -347,6 +347,8 @@ class AutoBudget:
         old = self.correction.get(bucket)
         residual = ratio / self.scale
         self.correction[bucket] = residual if old is None else 0.7 * old + 0.3 * residual
+        if step.lanes > 1:  # a lane's share of a batch's forward is not comparable with a one-sequence profile:
+            return  # the scale absorbs the difference, and the profile is not measured again for it
         self._scaled_steps += 1
         if self._scaled_steps >= STALE_AFTER and not STALE_SCALE[0] <= self.scale <= STALE_SCALE[1]:
             self._stale = True  # measured again when the next sequence starts

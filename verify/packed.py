@@ -16,24 +16,30 @@ committed in place by one O(accepted) KV commit. The price is that attention run
 over every lane's columns and masks the others' away, which is cheap while q and the
 total context stay small (CPU, small batches) and is what per-row buffers would fix
 at large batch.
+
+Single-sequence decoding (verify/decode.py) is this loop with one lane. Per step:
+one upload of the step's layout and one read of every lane's accepted path
+(verify/step.py); the KV commit, the owners, the lanes' token buffers, the fed
+tokens and hidden rows handed to the drafters are all indexed on the device.
 """
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 
 import torch
 
-from draftkit.verify.accept import Sampling, accept, drafter_generator, verifier_generator
+from draftkit.verify import sync
+from draftkit.verify.accept import Sampling, drafter_generator, verifier_generator
 from draftkit.verify.budget import make_policy
 from draftkit.verify.cache import KVBuffer
-from draftkit.verify.contract import DecodeState, DraftTree, StepResult
+from draftkit.verify.contract import Budget, DecodeState, DraftTree, StepResult
 from draftkit.verify.decode import GenerationOutput, as_prompt, check_room, eos_set, finish
 from draftkit.verify.forward import Verifier
 from draftkit.verify.stats import DecodeStats, StepStats
-from draftkit.verify.tree import verify_block, verify_offsets
+from draftkit.verify.step import SHARED, Piece, StepInputs, read_walks, walk_tree
+from draftkit.verify.timing import clock_for
 
-SHARED = -1
+__all__ = ["SHARED", "Lane", "PackedOutput", "generate_packed", "kv_entries_independent"]
 
 
 @dataclass
@@ -44,11 +50,12 @@ class Lane:
     drafter: object
     policy: object
     prompt: torch.Tensor
-    tokens: list[int]
-    pending: torch.Tensor  # committed tokens not yet in the cache; the last one is the root
-    position: int  # committed tokens of this lane already in the cache (its next position)
+    tokens: list[int]  # committed tokens on the host (prompt + generated)
+    buf: torch.Tensor  # (room,) long on the device: the same tokens, what drafters read
+    pending: list[int] | torch.Tensor = None  # committed tokens not yet in the cache; the last one is the root
+    position: int = 0  # committed tokens of this lane already in the cache (its next position)
     stats: DecodeStats = field(default_factory=DecodeStats)
-    logprobs: list[float] = field(default_factory=list)  # target log p of each generated token (temperature 1)
+    logp: list[torch.Tensor] = field(default_factory=list)  # target log p of the generated tokens, on the device
     done: bool = False
 
     @property
@@ -56,51 +63,10 @@ class Lane:
         return len(self.tokens) - self.prompt.numel()
 
 
-class PackedVerifier(Verifier):
-    """A Verifier whose one KV row holds many lanes, with an owner per committed entry."""
-
-    def __init__(self, model, capacity: int):
-        super().__init__(model, capacity=capacity)
-        self.owner = torch.full((capacity,), SHARED, dtype=torch.long, device=model.device)
-        self.peak_entries = 0
-        self.peak_logits_bytes = 0
-
-    def forward_lanes(self, inputs: torch.Tensor, lane_of: torch.Tensor, block: torch.Tensor,
-                      position_ids: torch.Tensor, hidden_layers, logits_to_keep: int):
-        """inputs (q,) tokens of every lane; lane_of (q,) their lane; block (q, q) bool (block diagonal)."""
-        w = self.kv.lengths[0]
-        owner = self.owner[:w]
-        past = (owner[None, :] == lane_of[:, None]) | (owner[None, :] == SHARED)  # (q, W)
-        allowed = torch.cat([past, block], 1)
-        masks = self.masks
-        masks._room(1, allowed.shape[0], allowed.shape[1])
-        view = masks.buf[0, 0, :allowed.shape[0], :allowed.shape[1]]
-        view.zero_().masked_fill_(~allowed, masks.min)
-        masks.dirty = [(0, allowed.shape[0], 0, allowed.shape[1])]
-        out = self.model(input_ids=inputs[None], cache=self.kv, use_cache=True, position_ids=position_ids[None],
-                         attention_mask=masks.buf[:1, :, :allowed.shape[0], :allowed.shape[1]],
-                         logits_to_keep=logits_to_keep, output_hidden_states=bool(hidden_layers))
-        self.kv.end_forward()
-        self.peak_entries = max(self.peak_entries, self.kv.lengths[0] + self.kv.pending)
-        self.peak_logits_bytes = max(self.peak_logits_bytes, out.logits.numel() * out.logits.element_size())
-        states = tuple(out.hidden_states[i][0] for i in hidden_layers) if hidden_layers else None
-        return out.logits[0], states
-
-    def commit_lanes(self, keep: list[int], owners: list[int]) -> None:
-        w = self.kv.lengths[0]
-        if w + len(keep) > self.owner.numel():
-            grown = torch.full((2 * (w + len(keep)),), SHARED, dtype=torch.long, device=self.owner.device)
-            grown[:self.owner.numel()] = self.owner
-            self.owner = grown
-        self.kv.commit(keep)
-        if owners:
-            self.owner[w:w + len(owners)] = torch.tensor(owners, device=self.owner.device)
-
-
 @dataclass
 class PackedOutput:
     outputs: list[GenerationOutput]
-    logprobs: list[list[float]]  # per lane: target log p (temperature 1) of each generated token
+    logprobs: list[list[float]]  # per lane: target log p (temperature 1) of each generated token ([] if not asked)
     kv_entries: int  # the most target KV entries held at once (between steps)
     kv_entries_peak: int  # the same including one step's draft-tree entries
     kv_bytes: int  # bytes of the target KV buffer as allocated
@@ -109,18 +75,56 @@ class PackedOutput:
     buffer_bytes: int  # the step's tree buffers: attention mask buffer and the largest logits block
 
 
-def _first_tokens(logits_last: torch.Tensor, lanes, sampling: Sampling, gen) -> list[int]:
-    """The token each lane commits at the end of its prompt (the prefill's bonus)."""
-    empty = DraftTree.empty(logits_last.device).validate()
-    return [accept(empty, logits_last[None], sampling, gen)[1] for _ in lanes]
+def _propose(lane: Lane, ver: Verifier, sampling: Sampling, max_new_tokens: int, vocab: int,
+             draws: torch.Generator | None) -> tuple[DraftTree, Budget]:
+    """The lane's budget, clipped to the tokens left and the context, and its drafter's tree within it
+    (draws: the drafters' random stream, DecodeState.generator)."""
+    T = len(lane.tokens)
+    given = lane.policy.budget(T).clip(max_new_tokens - lane.generated)
+    if ver.max_len:  # a tree running past the context cannot be verified
+        room = ver.max_len - T
+        given = Budget(min(given.max_depth, room), min(given.max_nodes, room), given.min_path_prob)
+    tree = DraftTree.empty()
+    if not given.empty:
+        state = DecodeState(lane.buf[:T], lane.prompt.numel(), given, sampling.greedy, sampling.temperature or 1.0,
+                            None if sampling.greedy else sampling, draws)
+        tree = lane.drafter.propose(state)
+        if ver.max_len and len(tree) > ver.max_len - T:  # a drafter that ignored the budget
+            tree = DraftTree.empty()
+    return tree.validate(vocab), given
+
+
+def _verify(ver: Verifier, lanes: list[Lane], trees: list[DraftTree], roots: list[int] | None, sampling, gen,
+            layers, logits_to_keep=None):
+    """One forward over the lanes' pending tokens and trees, the acceptance walks, ONE read. `roots`: the
+    logits row of each lane's root when lanes share a piece (best-of-N's prefill); None: one piece per lane.
+    Returns (step, logits, hidden, walks, results, top1 of every row)."""
+    shared = roots is not None
+    pieces = [Piece(SHARED, 0, lanes[0].pending, trees[0])] if shared else \
+        [Piece(ln.index, ln.position, ln.pending, tree) for ln, tree in zip(lanes, trees)]
+    step = StepInputs(pieces, ver.model.device)  # the step's one upload
+    logits, hidden = ver.run(step, layers, logits_to_keep)
+    skip = step.q - logits.shape[0]  # rows whose logits were not kept
+    width = step.max_depth
+    top1 = logits.argmax(-1)  # (k,): greedy's choice, and what lookahead learns from
+    walks = []
+    for i, tree in enumerate(trees):
+        root, first = (roots[i], step.q) if shared else step.rows(i)
+        n, r = len(tree), root - skip
+        topo = step.topology[0 if shared else i]
+        anc = step.anc[first:first + n, first:first + n] if n else None
+        walks.append(walk_tree(tree, logits[r:r + n + 1], sampling, gen, topo, anc, width, top1[r:r + n + 1]))
+    results, top1 = read_walks(walks, top1)  # the step's one read
+    return step, logits, hidden, walks, results, top1
 
 
 @torch.no_grad()
 def generate_packed(model, prompts, drafters, max_new_tokens: int = 64, sampling: Sampling | None = None,
                     eos_token_id=None, seed: int | None = None, budget="auto",
-                    shared_prompt: bool = False) -> PackedOutput:
+                    shared_prompt: bool = False, logprobs: bool = True) -> PackedOutput:
     """Decode len(drafters) lanes together. shared_prompt: every lane continues prompts[0], stored once
-    (best-of-N); otherwise lane i continues prompts[i] (a batch of prompts of any lengths)."""
+    (best-of-N); otherwise lane i continues prompts[i] (a batch of prompts of any lengths). logprobs: keep
+    the target's log-probability of every generated token (read once per lane at the end)."""
     sampling = sampling or Sampling()
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
@@ -135,106 +139,97 @@ def generate_packed(model, prompts, drafters, max_new_tokens: int = 64, sampling
         raise ValueError(f"got {len(prompts)} prompts for {n} drafters")
     policies = [make_policy(budget, d, model) for d in drafters]
     widest = max(p.cap.max_nodes for p in policies)
+    deepest = max(p.cap.max_depth for p in policies)
     stored = prompts[0].numel() if shared_prompt else sum(p.numel() for p in prompts)
-    ver = PackedVerifier(model, capacity=stored + n * (max_new_tokens + widest + 2))
+    ver = Verifier(model, capacity=stored + n * (max_new_tokens + widest + 2))
     for p in prompts:
         check_room(ver, p.numel(), max_new_tokens)
     eos = eos_set(model, eos_token_id)
     gen = verifier_generator(seed, model.device)
     draws = drafter_generator(seed, model.device)  # the drafter's stream
     layers = tuple(sorted({i for d in drafters for i in getattr(d, "hidden_layers", ())}))
-    lanes = [Lane(i, d, pol, p, p.tolist(), p, 0) for i, (d, pol, p) in enumerate(zip(drafters, policies, prompts))]
+    clock = clock_for(model)
+    lanes = []
+    for i, (d, pol, p) in enumerate(zip(drafters, policies, prompts)):
+        buf = torch.empty(p.numel() + max_new_tokens + deepest + 1, dtype=torch.long, device=model.device)
+        buf[:p.numel()] = p
+        lanes.append(Lane(i, d, pol, p, sync.to_host(p) if i == 0 or not shared_prompt else list(lanes[0].tokens),
+                          buf, pending=p))
+        d.reset(p)
+        pol.start(p.numel())
 
     # prefill: the shared prompt once, or each lane's prompt on its own (no lane sees another's)
-    t0 = time.perf_counter()
-    groups = [lanes] if shared_prompt else [[lane] for lane in lanes]
-    for group in groups:
-        lane = group[0]
-        m = lane.prompt.numel()
-        owner = SHARED if shared_prompt else lane.index
-        lane_of = torch.full((m,), owner, device=model.device)
-        block = torch.ones(m, m, dtype=torch.bool, device=model.device).tril_()
-        logits, hidden = ver.forward_lanes(lane.prompt, lane_of, block, torch.arange(m, device=model.device), layers, 1)
-        ver.commit_lanes(list(range(m)), [owner] * m)
-        for ln, tok in zip(group, _first_tokens(logits[-1], group, sampling, gen)):
-            ln.position, ln.pending = m, torch.tensor([tok], device=model.device)
-            _commit_tokens(ln, [tok], logits[-1:], [0], max_new_tokens, eos)
-            ln.drafter.reset(ln.prompt)
-            ln.policy.start(m)
-            ln.stats.steps.append(StepStats(0, 0, 0, 1, 0.0, time.perf_counter() - t0, prefill=True))
+    for group in [lanes] if shared_prompt else [[lane] for lane in lanes]:
+        t0 = clock.now()
+        m = group[0].prompt.numel()
+        empty = [DraftTree.empty().validate() for _ in group]
+        step, logits, hidden, walks, results, _ = _verify(ver, group, empty, [m - 1] * len(group) if shared_prompt
+                                                          else None, sampling, gen, layers, logits_to_keep=1)
+        keep = torch.arange(m, device=model.device)
+        ver.commit_rows(step, keep, list(range(m)))
+        for ln, w, (_, _, first) in zip(group, walks, results):
+            ln.position, ln.pending = m, [first]
+            _commit(ln, [first], w, logits[-1:], None, max_new_tokens, eos, logprobs)
+            ln.stats.steps.append(StepStats(0, 0, 0, 1, 0.0, clock.now() - t0, prefill=True))
             if not ln.done:
                 sel = None if hidden is None else _pick(hidden, layers, ln.drafter)
-                ln.drafter.update(StepResult(torch.tensor([tok], device=model.device), ln.prompt, sel, logits[-1:],
-                                             DraftTree.empty(model.device).validate(), []))
+                ln.drafter.update(StepResult(ln.buf[m:m + 1], ln.prompt, sel, logits[-1:], empty[0], [],
+                                             top1=None, new_token_ids=[first]))
 
     while True:
         live = [ln for ln in lanes if not ln.done]
         if not live:
             break
-        t0 = time.perf_counter()
-        trees, givens = [], []
+        trees, givens, draft_s = [], [], []  # each lane's own drafting time, not the batch's
         for ln in live:
-            remaining = max_new_tokens - ln.generated
-            given = ln.policy.budget(len(ln.tokens)).clip(remaining)
-            tree = DraftTree.empty(model.device)
-            if not given.empty:
-                state = DecodeState(torch.tensor(ln.tokens, device=model.device), ln.prompt.numel(), given,
-                                    sampling.greedy, sampling.temperature or 1.0,
-                                    None if sampling.greedy else sampling, draws)
-                tree = ln.drafter.propose(state)
-            trees.append(tree.validate(vocab))
+            t0 = clock.now()
+            tree, given = _propose(ln, ver, sampling, max_new_tokens, vocab, draws)
+            trees.append(tree)
             givens.append(given)
-        t1 = time.perf_counter()
-        ids, lane_of, blocks, pos, starts = [], [], [], [], []
-        for ln, tree in zip(live, trees):
-            m = ln.pending.numel()
-            starts.append(sum(len(x) for x in ids))
-            ids.append(torch.cat([ln.pending, tree.tokens]) if len(tree) else ln.pending)
-            lane_of.append(torch.full((m + len(tree),), ln.index, device=model.device))
-            blocks.append(verify_block(tree, m))
-            pos.append(ln.position + verify_offsets(tree, m))
-        inputs = torch.cat(ids)
-        logits, hidden = ver.forward_lanes(inputs, torch.cat(lane_of), torch.block_diag(*blocks), torch.cat(pos),
-                                           layers, inputs.numel())
-        keep, owners = [], []
-        for ln, tree, given, start in zip(live, trees, givens, starts):
-            m = ln.pending.numel()
-            rows = logits[start + m - 1:start + m + len(tree)]  # the root slot and each node
-            acc, bonus = accept(tree, rows, sampling, gen)
-            keep += [start + i for i in range(m)] + [start + m + a for a in acc]
-            owners += [ln.index] * (m + len(acc))
-            slots = [0] + [a + 1 for a in acc]
-            new = _commit_tokens(ln, [tree.host_tokens[a] for a in acc] + [bonus], rows, slots, max_new_tokens, eos)
-            ln.stats.steps.append(StepStats(len(tree), tree.max_depth, len(acc), len(new), t1 - t0,
-                                            time.perf_counter() - t1, budget_depth=given.max_depth,
+            draft_s.append(clock.now() - t0)
+        t1 = clock.now()
+        step, logits, hidden, walks, results, top1 = _verify(ver, live, trees, None, sampling, gen, layers)
+        keep, keep_host = [], []
+        for i, (ln, (acc, _, _)) in enumerate(zip(live, results)):
+            start, (_, first) = step.starts[i], step.rows(i)
+            keep += [torch.arange(start, first, device=model.device), first + walks[i].path[:len(acc)]]
+            keep_host += list(range(start, first)) + [first + a for a in acc]
+        keep = torch.cat(keep)
+        ver.commit_rows(step, keep, keep_host)
+        verify_s = clock.now() - t1
+        kept = 0
+        for i, (ln, tree, given, w, (acc, acc_tokens, bonus)) in enumerate(zip(live, trees, givens, walks, results)):
+            root, first = step.rows(i)
+            m, rows = first - step.starts[i], logits[root:first + len(tree)]  # the root slot and each node
+            own = keep[kept:kept + m + len(acc)]  # this lane's kept rows
+            kept += m + len(acc)
+            T = len(ln.tokens)
+            new = _commit(ln, acc_tokens + [bonus], w, rows, first, max_new_tokens, eos, logprobs, logits)
+            ln.stats.steps.append(StepStats(len(tree), tree.max_depth, len(acc), len(new), draft_s[i],
+                                            verify_s * (m + len(tree)) / step.q, budget_depth=given.max_depth,
                                             budget_nodes=given.max_nodes,
-                                            rejected=bool(tree.children[acc[-1] + 1 if acc else 0])))
-            ln._step = (tree, acc, start, m, rows, new)
-        ver.commit_lanes(keep, owners)
-        for ln in live:
-            tree, acc, start, m, rows, new = ln._step
+                                            rejected=bool(tree.children[acc[-1] + 1 if acc else 0]),
+                                            lanes=len(live)))
             ln.position += m + len(acc)
-            fed = torch.cat([ln.pending, tree.tokens[acc]]) if acc else ln.pending
-            sel = None
-            if hidden is not None:
-                idx = torch.tensor([start + i for i in range(m)] + [start + m + a for a in acc], device=model.device)
-                sel = tuple(h.index_select(0, idx) for h in _pick(hidden, layers, ln.drafter))
-            t2 = time.perf_counter()
-            ln.drafter.update(StepResult(torch.tensor(new, device=model.device), fed, sel, rows, tree, acc))
-            ln.stats.steps[-1].draft_s += time.perf_counter() - t2
+            sel = None if hidden is None else tuple(h.index_select(0, own) for h in _pick(hidden, layers, ln.drafter))
+            t2 = clock.now()
+            ln.drafter.update(StepResult(ln.buf[T:T + len(new)], step.ids[own], sel, rows, tree, acc,
+                                         top1=top1[root:first + len(tree)], new_token_ids=new))
+            ln.stats.steps[-1].draft_s += clock.now() - t2
             if ln.done:  # the drafter saw its last tokens; nothing more to feed
                 continue
             ln.policy.observe(ln.stats.steps[-1], len(ln.tokens))
-            ln.pending = torch.tensor(new[-1:], device=model.device)
+            ln.pending = new[-1:]
     outs = []
     for ln in lanes:
-        seq = torch.tensor(ln.tokens, device=model.device)
+        seq = ln.buf[:len(ln.tokens)].clone()
         outs.append(GenerationOutput(seq[ln.prompt.numel():], seq, ln.stats, lossless=sampling.lossless))
     committed = ver.kv.lengths[0]
     draft_kv = sum(d.cache.nbytes() for d in drafters if isinstance(getattr(d, "cache", None), KVBuffer))
     buffers = ver.masks.buf.numel() * ver.masks.buf.element_size() + ver.peak_logits_bytes
-    return PackedOutput(outs, [ln.logprobs for ln in lanes], committed, ver.peak_entries, ver.kv.nbytes(),
-                        ver.kv.used_bytes(), draft_kv, buffers)
+    logps = [[float(x) for x in sync.to_host(torch.cat(ln.logp))] if ln.logp else [] for ln in lanes]
+    return PackedOutput(outs, logps, committed, ver.peak_entries, ver.kv.nbytes(), ver.kv.used_bytes(), draft_kv,
+                        buffers)
 
 
 def _pick(hidden, layers, drafter):
@@ -243,12 +238,18 @@ def _pick(hidden, layers, drafter):
     return tuple(hidden[layers.index(i)] for i in wanted) if wanted else None
 
 
-def _commit_tokens(lane: Lane, new: list[int], rows: torch.Tensor, slots: list[int], max_new_tokens: int,
-                   eos: set[int]) -> list[int]:
-    """Append the step's committed tokens (cut at the budget and after EOS) and their target log p."""
+def _commit(lane: Lane, new: list[int], w, rows: torch.Tensor, first: int | None, max_new_tokens: int,
+            eos: set[int], logprobs: bool, logits: torch.Tensor | None = None) -> list[int]:
+    """Append the step's committed tokens (new: the accepted tokens, then the bonus; cut at the budget and
+    after EOS) on the host and, from the walk's device tensors, to the lane's device buffer; keep their
+    target log p on the device if asked. rows[0] is the root slot's logits; node slots sit at `first` on."""
+    accepted = len(new) - 1
     new, done = finish(new, max_new_tokens - lane.generated, eos)
-    logp = rows[slots[:len(new)]].float().log_softmax(-1)
-    lane.logprobs += logp.gather(1, torch.tensor(new, device=rows.device)[:, None])[:, 0].tolist()
+    k, T = len(new), len(lane.tokens)
+    lane.buf[T:T + k] = torch.cat([w.tokens[:accepted], w.bonus[None]])[:k]
+    if logprobs:  # token j was drawn at the root slot (j = 0) or at the j-th accepted node's slot
+        slots = rows[:1] if first is None else torch.cat([rows[:1], logits[first + w.path[:k - 1]]])
+        lane.logp.append(slots[:k].float().log_softmax(-1).gather(1, lane.buf[T:T + k, None])[:, 0])
     lane.tokens += new
     lane.done = done
     return new

@@ -24,6 +24,7 @@ class StepStats:
     budget_depth: int = 0  # the budget the policy gave this step
     budget_nodes: int = 0
     rejected: bool = False  # the acceptance walk stopped at a slot that had draft children
+    lanes: int = 1  # sequences verified in the same forward (verify_s is this one's share of it)
 
 
 @dataclass

@@ -77,8 +77,24 @@ class MaskBuffer:
         return self.buf[:len(past), :, :q, :width]
 
 
+    def write(self, past: torch.Tensor, block: torch.Tensor) -> torch.Tensor:
+        """One row: past (q, W) bool (which committed entries each new token sees), block (q, q) bool (which
+        new tokens). Returns the (1, 1, q, W + q) mask, written in place."""
+        q, w = past.shape
+        self._room(1, q, w + q)
+        for row, rq, c0, c1 in self.dirty:
+            self.buf[row, 0, :rq, c0:c1] = 0
+        view = self.buf[0, 0, :q, :w + q]
+        view[:, :w].masked_fill_(~past, self.min)
+        view[:, w:].masked_fill_(~block, self.min)
+        self.dirty = [(0, q, 0, w + q)]
+        return self.buf[:1, :, :q, :w + q]
+
+
 def positions(past: list[int], offsets: torch.Tensor) -> torch.Tensor:
     """(B, q) position ids: row b's first new token is at past[b] + offsets[0]."""
+    if len(set(past)) == 1:  # one row, or rows at the same length: no upload
+        return offsets[None].expand(len(past), -1) + past[0]
     start = torch.tensor(past, dtype=torch.long, device=offsets.device)[:, None]
     return start + offsets[None]
 

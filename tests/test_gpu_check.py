@@ -1,0 +1,54 @@
+"""eval/gpu_check.py without a GPU: imports that a bare GPU machine lacks stay out of its path, flags fail
+in one line before any model loads, and sections resume and fail one at a time."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_the_check_needs_none_of_datasets_wandb_matplotlib_scipy():
+    code = ("import sys\n"
+            "for m in ('datasets', 'wandb', 'matplotlib', 'scipy', 'xgrammar'): sys.modules[m] = None\n"
+            "sys.argv = ['gpu_check.py', '--help']\n"
+            "import runpy; runpy.run_path('eval/gpu_check.py', run_name='__main__')\n")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "--budget-s" in out.stdout
+
+
+def test_bad_flags_are_one_line_errors(capsys):
+    from draftkit.eval.gpu_check import main
+
+    with pytest.raises(SystemExit):
+        main(["--dtypes", "fp16", "--device", "cpu"])
+    assert "--dtypes takes fp32 and/or bf16, got 'fp16'" in capsys.readouterr().err
+    if not torch.cuda.is_available():
+        with pytest.raises(SystemExit):
+            main(["--device", "cuda"])
+        assert "sees no CUDA device" in capsys.readouterr().err
+
+
+def test_sections_resume_and_fail_one_at_a_time(tmp_path):
+    from draftkit.eval.gpu_check import Check
+
+    path = tmp_path / "check.json"
+    check = Check(path, set(), budget_s=60)
+    check.section("a", lambda: {"x": 1})
+    check.section("b", lambda: 1 / 0)
+    data = json.loads(path.read_text())["sections"]
+    assert data["a"]["status"] == "ok" and data["b"]["status"] == "failed" and "ZeroDivisionError" in data["b"]["error"]
+    runs = []
+    again = Check(path, {"b"}, budget_s=60)
+    again.section("a", lambda: runs.append("a"))  # ok already: skipped
+    again.section("b", lambda: runs.append("b") or {"y": 2})
+    assert runs == ["b"] and json.loads(path.read_text())["sections"]["b"]["status"] == "ok"
+    late = Check(path, {"a"}, budget_s=0)
+    late.section("a", lambda: runs.append("late"))  # past the budget: not run, its earlier result kept
+    late.section("c", lambda: runs.append("late"))
+    data = json.loads(path.read_text())["sections"]
+    assert "late" not in runs and data["a"]["status"] == "ok" and data["c"]["status"] == "skipped"
