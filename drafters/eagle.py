@@ -333,5 +333,6 @@ class EagleDrafter:
         # true target features enter the next step's first draft forward together with the bonus
         self.cache.drop_pending()
         fed = result.fed_tokens.to(self.device)
-        nxt = torch.cat([fed[1:], result.new_tokens[-1:].to(self.device)])  # x_{t+1} for each kept position t
+        bonus = len(result.new_tokens) - 1 - result.forced  # grammar-forced tokens follow it, not yet fed
+        nxt = torch.cat([fed[1:], result.new_tokens[bonus:bonus + 1].to(self.device)])  # x_{t+1} per kept position t
         self.todo.append((self.draft.join(result.hidden), nxt))

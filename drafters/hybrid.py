@@ -232,9 +232,10 @@ class HybridDrafter:
             tree = info.trees[i]
             rows = torch.tensor([0] + [w + 1 for w in info.where[i]], device=result.logits.device)
             return StepResult(result.new_tokens, result.fed_tokens, hidden, result.logits.index_select(0, rows),
-                              tree, info.member_path(i, result.accepted))
+                              tree, info.member_path(i, result.accepted), forced=result.forced)
         empty = DraftTree.empty(result.new_tokens.device).validate()
-        return StepResult(result.new_tokens, result.fed_tokens, hidden, result.logits[:1], empty, [])
+        return StepResult(result.new_tokens, result.fed_tokens, hidden, result.logits[:1], empty, [],
+                          forced=result.forced)
 
     def update(self, result: StepResult) -> None:
         info = result.tree.extra if isinstance(result.tree.extra, MergedTree) else None

@@ -22,6 +22,7 @@ if os.path.isfile(os.path.join(_CHECKOUT, "verify", "contract.py")) and _CHECKOU
 from draftkit.verify.contract import Budget, DecodeState, Drafter, DraftTree, NoDrafter, StepResult
 from draftkit.verify.accept import Sampling
 from draftkit.verify.decode import GenerationOutput, generate
+from draftkit.verify.grammar import Grammar, GrammarError
 
 from draftkit.zoo import ZooError
 
@@ -31,7 +32,7 @@ from draftkit.models import load_model, load_target
 DRAFTERS = tuple(REGISTRY)
 
 __all__ = ["BestOfN", "Budget", "DRAFTERS", "best_of_n", "generate_batch", "DecodeState", "DraftTree", "Drafter",
-           "GenerationOutput", "NoDrafter", "Sampling",
+           "GenerationOutput", "Grammar", "GrammarError", "NoDrafter", "Sampling",
            "StepResult", "ZooError", "generate", "load_model", "load_target", "make_drafter"]
 
 
@@ -56,14 +57,17 @@ def _lanes(drafter, target, n: int) -> list:
 
 
 def generate_batch(target, prompts, drafter=None, max_new_tokens: int = 64, sampling: Sampling | None = None,
-                   eos_token_id=None, seed: int | None = None, budget="auto") -> list[GenerationOutput]:
+                   eos_token_id=None, seed: int | None = None, budget="auto", logits_processor=None, grammar=None,
+                   tokenizer=None, jump_forward: bool = True) -> list[GenerationOutput]:
     """Decode a batch of prompts of any lengths together: one target forward per step for all rows, each row
     accepting its own number of tokens and finishing on its own (verify/packed.py). `drafter`: a method name
-    or a callable returning a fresh drafter (one per row)."""
+    or a callable returning a fresh drafter (one per row). logits_processor, grammar, tokenizer, jump_forward:
+    as in `generate`, applied to every row (each row follows the grammar with a matcher of its own)."""
     from draftkit.verify.packed import generate_packed
 
     return generate_packed(target, list(prompts), _lanes(drafter, target, len(prompts)), max_new_tokens, sampling,
-                           eos_token_id, seed, budget).outputs
+                           eos_token_id, seed, budget, logprobs=False, logits_processor=logits_processor,
+                           grammar=grammar, tokenizer=tokenizer, jump_forward=jump_forward).outputs
 
 
 @dataclass

@@ -66,7 +66,8 @@ def build_parser(description: str | None = None) -> Parser:
     ap.add_argument("--dflash", help="DFlash draft folder for dflash (train/dflash.py, or a z-lab / vLLM / "
                                      "speculators folder) (default: the shipped one, zoo/dflash; 'all' leaves "
                                      "dflash out while none is shipped)")
-    ap.add_argument("--tasks", help=_preset_help("tasks", f"comma list of built-in tasks: {', '.join(TASKS)}"))
+    ap.add_argument("--tasks", help=_preset_help("tasks", f"comma list of built-in tasks: {', '.join(TASKS)} (json: "
+                                                 "prompts for a JSON object of a shipped schema, decoded under it)"))
     ap.add_argument("--prompts-file", help="JSONL of prompts ({\"prompt\": ...} or Spec-Bench's \"turns\"); "
                                            "replaces --tasks (default: none, the built-in tasks)")
     ap.add_argument("--prompts", type=int, help=_preset_help("prompts", "prompts per task"))
@@ -80,6 +81,9 @@ def build_parser(description: str | None = None) -> Parser:
     ap.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling for p (sampling only)")
     ap.add_argument("--seed", type=int, default=0, help="seed for prompts and sampling")
     ap.add_argument("--no-peers", action="store_true", help="skip transformers' generate peer rows")
+    ap.add_argument("--grammar", help="constrain every prompt's output to a grammar: a .json schema file, a .ebnf "
+                                      "grammar file or regex:PATTERN; plain decoding then is plain constrained "
+                                      "decoding (needs xgrammar: pip install 'draftkit[grammar]') (default: none)")
     ap.add_argument("--batch-sizes", help="comma list such as 1,4,16: also decode the first task's prompts in "
                                           "batches of these sizes (speedup over plain batched decoding, KV bytes)")
     add_drafter_flags(ap)
@@ -220,6 +224,27 @@ def build_prompts(args, tok, texts):
         raise UsageError(str(e) if texts is not None else f"--prompt-len {args.prompt_len}: {e}") from None
 
 
+def task_grammars(args, tok, tasks) -> dict:
+    """task -> the Grammar its prompts decode under (--grammar for every task, the json task's own schema),
+    each compiled against the target's tokenizer here, so a bad or unsatisfiable grammar stops the run now."""
+    from draftkit.verify.grammar import Grammar, GrammarError, compile_grammar
+
+    if args.grammar is not None and "json" in tasks:
+        raise UsageError("--grammar and --tasks json both set the grammar: the json task decodes under its own schema")
+    try:
+        grammars = {t: Grammar.from_spec(args.grammar) for t in tasks} if args.grammar else {}
+        if "json" in tasks:
+            from draftkit.eval.json_task import json_grammar
+
+            grammars["json"] = json_grammar()
+        eos = getattr(tok, "eos_token_id", None)
+        for grammar in set(grammars.values()):  # against the tokenizer's vocabulary and EOS (no model read yet)
+            compile_grammar(grammar, tok, len(tok), set() if eos is None else {eos})
+    except (GrammarError, ImportError) as e:
+        raise UsageError(f"--grammar: {e}" if args.grammar else f"--tasks json: {e}") from None
+    return grammars
+
+
 def prepare(argv, description: str | None = None):
     """Every check, before any model loads. Returns (args, target path, tokenizer, tasks, notes)."""
     from draftkit.eval.tasks import fit_to_context
@@ -229,6 +254,7 @@ def prepare(argv, description: str | None = None):
     check_drafters(args, drafter_choices())
     path, context, tok = target_info(args.target)
     check.fits_context(context, args.max_new_tokens, None if texts is not None else args.prompt_len)
+    args.grammars = task_grammars(args, tok, args.task_names or sorted({t.task for t in texts}))
     tasks = build_prompts(args, tok, texts)
     notes = []
     cuts = fit_to_context(tasks, context - args.max_new_tokens) if context else []
@@ -238,6 +264,9 @@ def prepare(argv, description: str | None = None):
         notes.append(f"warning: {len(cuts)} of {n} prompts are longer than the {context - args.max_new_tokens} tokens "
                      f"that fit (context {context} - --max-new-tokens {args.max_new_tokens}): cut from the left by "
                      f"{by} tokens")
+    if args.grammars and args.temperature == 0 and not args.no_peers:
+        notes.append("note: transformers' assisted generation and prompt lookup cannot apply a grammar: their peer "
+                     "rows are skipped; 'hf generate+grammar' is transformers' constrained generate")
     if args.temperature > 0 and not args.no_peers:
         notes.append("note: transformers' peer rows run greedy only: skipped when sampling")
     if args.temperature == 0 and args.top_p != 1.0:

@@ -4,6 +4,7 @@
     python eval/compare.py --quick                       # a smoke run of about a minute
     python eval/compare.py --full --out eval/results     # the README's table (about 8 minutes)
     python eval/compare.py --drafters medusa,lookahead --prompts-file question.jsonl
+    python eval/compare.py --tasks json                  # structured output: plain constrained decoding as baseline
 
 With no model flags it runs on the shipped default models (zoo/). Plain decoding is
 always measured as the baseline, interleaved with every method, and transformers'
@@ -45,27 +46,30 @@ def build_methods(args, target, tokenizer, on_error=None):
     from draftkit.eval.drafter_flags import drafter_settings
     from draftkit.eval.footprint import footprint, param_count
     from draftkit.eval.measure import Method
-    from draftkit.eval.peers import hf_assisted, hf_prompt_lookup
+    from draftkit.eval.peers import hf_assisted, hf_grammar, hf_prompt_lookup
 
     n, eos = args.max_new_tokens, None
     sampling = dk.Sampling(temperature=args.temperature, top_p=args.top_p)
     seed_counter = iter(range(10**9))
 
     def ours(drafter, budget="auto"):
-        carry = {"first": None, "keep": False}
+        carry = {"first": None, "keep": False, "grammar": None}
 
         def run(ids):
             # a drafter that remembers past requests (suffix) starts every prompt fresh, except on the
             # repeated-requests task, where it carries its memory across one repeat's requests in order
             if hasattr(drafter, "forget") and (not carry["keep"] or ids == carry["first"]):
                 drafter.forget()
-            # sampled runs differ in length per method, so they ignore EOS to time equal work
+            # sampled runs differ in length per method, so they ignore EOS to time equal work (not under a
+            # grammar: its end is an EOS)
+            grammar = carry["grammar"]
             out = dk.generate(target, ids, drafter, max_new_tokens=n, sampling=sampling, budget=budget,
-                              seed=args.seed + next(seed_counter), eos_token_id=[] if args.temperature > 0 else None)
+                              seed=args.seed + next(seed_counter), grammar=grammar, tokenizer=tokenizer,
+                              eos_token_id=[] if args.temperature > 0 and grammar is None else None)
             return out.tokens.tolist(), out.stats
 
-        def new_task(first_ids, keep_memory: bool):
-            carry.update(first=first_ids, keep=keep_memory)
+        def new_task(first_ids, keep_memory: bool, grammar=None):
+            carry.update(first=first_ids, keep=keep_memory, grammar=grammar)
 
         run.new_task = new_task
         return run
@@ -100,7 +104,7 @@ def build_methods(args, target, tokenizer, on_error=None):
                                   counters=None if counters is None else counters.copy))
         drafter = drafters[0]
         cap = drafter.budget_cap
-        if args.no_peers or args.temperature > 0:
+        if args.no_peers or args.temperature > 0 or args.grammars:  # their generate paths take no grammar
             continue
         if name == "standalone":
             k = cap.max_depth
@@ -109,6 +113,9 @@ def build_methods(args, target, tokenizer, on_error=None):
         if name == "lookahead":
             peers.append(Method("hf prompt lookup", hf_prompt_lookup(target, 10, n, eos), "peer",
                                 about="transformers prompt_lookup_num_tokens=10"))
+    if args.grammars and not args.no_peers and args.temperature == 0:
+        peers.append(Method("hf generate+grammar", hf_grammar(target, tokenizer, n, eos), "peer",
+                            about="transformers generate with xgrammar's logits processor (the task's grammar)"))
     return methods + peers
 
 
@@ -151,7 +158,8 @@ def run(args, target_path, tok, tasks, notes, started: float) -> int:
                 profiled: set[int] = set()
                 for task, prompts in tasks.items():
                     for m in methods:
-                        getattr(m.run, "new_task", lambda *a: None)(prompts[0].ids, task == "repeated")
+                        getattr(m.run, "new_task", lambda *a: None)(prompts[0].ids, task == "repeated",
+                                                                      args.grammars.get(task))
                     # the verify curve of this run, measured before the timed runs (and saved for the controller)
                     curve = verify_curve(target, len(prompts[0].ids), profiled)
                     res = measure(methods, [p.ids for p in prompts], args.repeats, bar,
@@ -230,7 +238,8 @@ def verify_curve(target, context: int, profiled: set[int]):
 
 
 def settings_of(args) -> dict:
-    return {k: list(v) if isinstance(v, tuple) else v for k, v in vars(args).items() if k not in ("debug",)}
+    skip = ("debug", "grammars")  # grammars: Grammar objects cli.prepare derived from the flags
+    return {k: list(v) if isinstance(v, tuple) else v for k, v in vars(args).items() if k not in skip}
 
 
 def main(argv=None) -> int:

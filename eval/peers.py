@@ -1,8 +1,9 @@
 """transformers' own generate paths: the peers users already have.
 
 Plain greedy `generate`, assisted generation (`assistant_model`, a chain of
-constant length) and prompt lookup (`prompt_lookup_num_tokens`), run on the
-same models and prompts as draftkit's methods.
+constant length), prompt lookup (`prompt_lookup_num_tokens`) and constrained
+`generate` (a logits processor that applies xgrammar's mask), run on the same
+models and prompts as draftkit's methods.
 """
 from __future__ import annotations
 
@@ -31,3 +32,28 @@ def hf_assisted(model, draft, k: int, max_new_tokens: int, eos_token_id):
 
 def hf_prompt_lookup(model, n: int, max_new_tokens: int, eos_token_id):
     return lambda ids: (_run(model, ids, max_new_tokens, eos_token_id, prompt_lookup_num_tokens=n), None)
+
+
+def hf_grammar(model, tokenizer, max_new_tokens: int, eos_token_id):
+    """generate under the current task's grammar (set through `run.new_task`), through xgrammar's own
+    transformers logits processor (a fresh one per call: it keeps one matcher per row)."""
+    from xgrammar.contrib.hf import LogitsProcessor
+
+    from draftkit.verify.decode import eos_set
+    from draftkit.verify.forward import output_vocab
+    from draftkit.verify.grammar import compile_grammar
+
+    task = {"grammar": None}
+
+    def run(ids):
+        extra = {}
+        if task["grammar"] is not None:
+            compiled = compile_grammar(task["grammar"], tokenizer, output_vocab(model), eos_set(model, eos_token_id))
+            extra["logits_processor"] = [LogitsProcessor(compiled)]
+        return _run(model, ids, max_new_tokens, eos_token_id, **extra), None
+
+    def new_task(first_ids, keep_memory: bool, grammar=None):
+        task["grammar"] = grammar
+
+    run.new_task = new_task
+    return run

@@ -87,6 +87,7 @@ def format_table(report: dict) -> str:
     if shares:
         lines += ["", "share of accepted tokens per member (a token several members proposed is split evenly):"]
         lines += ["  " + s for s in shares]
+    lines += grammar_lines(report["rows"])
     for r in failed:
         where = f" on {r['prompt']}" if r.get("prompt") else ""
         lines.append(f"FAILED {r['task']} {r['drafter']}{where}: {r['error']}")
@@ -94,6 +95,21 @@ def format_table(report: dict) -> str:
     if settings:
         lines += ["", "methods: " + "; ".join(dict.fromkeys(settings))]
     return "\n".join(lines + ["", LEGEND])
+
+
+def grammar_lines(rows: list[dict]) -> list[str]:
+    """Rows decoded under a grammar: tau with the forced tokens, forced tokens, pruned nodes per step."""
+    rows = [r for r in rows if not r.get("error") and (r.get("forced_tokens") or r.get("pruned_per_step")
+                                                        or r.get("grammar_incomplete"))]
+    if not rows:
+        return []
+    out = ["", "under a grammar: tau+forced (tau counting the tokens the grammar forced, committed without a "
+               "forward), forced tokens, draft nodes pruned per step, outputs cut before the grammar completed"]
+    for r in rows:
+        out.append(f"  {r['task']:6} {r['drafter']:18} tau+forced {_f(r.get('tau_with_forced'), '5.2f')}  forced "
+                   f"{r['forced_tokens']:5d}  pruned/step {_f(r.get('pruned_per_step'), '5.1f')}  incomplete "
+                   f"{r['grammar_incomplete']}/{r['prompts']}")
+    return out
 
 
 class RunWriter:

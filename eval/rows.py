@@ -85,6 +85,12 @@ def method_row(task: str, m: Method, res: Result, base: Result, plain_step_s: fl
         "seeds_k_star": k_star[0] if k_star else None,
         "draft_params": mem.get("param_count", 0),
         "added_bytes": {k: mem.get(k, 0) for k in ("params", "kv", "buffers")} if m.footprint or plain else None,
+        # under a grammar: tau counting forced tokens (jump-forward), forced tokens, nodes pruned per step, and
+        # prompts whose output max_new_tokens ended before the grammar completed
+        "tau_with_forced": st.tau_with_forced if steps else None,
+        "forced_tokens": st.forced_tokens, "pruned_per_step": st.pruned_nodes / len(steps) if steps else None,
+        "grammar_incomplete": sum(res.stats_by_prompt[i].grammar_complete is False for i in ok
+                                  if i in res.stats_by_prompt),
         "lossless": (same == total) if greedy else None,
         "identical_outputs": f"{same}/{total}" if greedy else None,
         "member_shares": member_shares(res.counters),

@@ -4,6 +4,7 @@
 - copy:  a held-out snippet, then the start of the same snippet again; the continuation
          repeats what the prompt holds (where n-gram drafters shine).
 - prose: English documentation text (pydoc's topics, held out from training).
+- json:  prompts asking for a JSON object of a shipped schema, decoded under that schema (eval/json_task.py).
 - jsonl: a user's file, one {"prompt": ...} or Spec-Bench {"turns": [...]} object per line.
 """
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-TASKS = ("code", "copy", "prose")
+TASKS = ("code", "copy", "prose", "json")
 
 
 @dataclass
@@ -50,7 +51,11 @@ def build_tasks(tokenizer, tasks=TASKS, n: int = 8, length: int = 192, seed: int
     code, prose = held_out_texts()
     out: dict[str, list[Prompt]] = {}
     for task in tasks:
-        if task == "code":
+        if task == "json":
+            from draftkit.eval.json_task import json_prompts
+
+            out[task] = json_prompts(tokenizer, n)
+        elif task == "code":
             out[task] = _windows(code, tokenizer, n, length, seed, task)
         elif task == "prose":
             out[task] = _windows(prose, tokenizer, n, length, seed + 1, task)

@@ -25,7 +25,8 @@ def test_the_wheel_holds_only_the_draftkit_namespace(tmp_path):
     names = zipfile.ZipFile(wheel).namelist()
     tops = {n.split("/")[0] for n in names}
     assert {t for t in tops if not t.endswith(".dist-info")} == {"draftkit"}, tops
-    for module in ("verify/contract.py", "drafters/eagle.py", "eval/compare.py", "train/eagle.py"):
+    for module in ("verify/contract.py", "drafters/eagle.py", "eval/compare.py", "train/eagle.py",
+                   "eval/prompts/person.schema.json"):
         assert "draftkit/" + module in names
 
 

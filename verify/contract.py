@@ -258,6 +258,8 @@ class StepResult:
     logits:       (n + 1, V) target logits at the root slot and at every node (unprocessed)
     tree, accepted: the tree that was verified (with its .extra) and the accepted node indices
     top1, new_token_ids: host copies the loop read anyway (argmax p per row, the new tokens)
+    forced:       how many of new_tokens (the last ones) a grammar forced: committed after the bonus without
+                  a forward (jump-forward), they lead the next step's fed_tokens
     """
 
     new_tokens: torch.Tensor
@@ -268,6 +270,7 @@ class StepResult:
     accepted: list[int]
     top1: list[int] | None = None  # argmax of `logits` per row, read with the step's result (no extra read)
     new_token_ids: list[int] | None = None  # new_tokens on the host
+    forced: int = 0
 
     @property
     def new_token_list(self) -> list[int]:

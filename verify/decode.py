@@ -72,17 +72,23 @@ def check_room(verifier, prompt_len: int, max_new_tokens: int) -> None:
 
 def generate(model, input_ids, drafter: Drafter | None = None, max_new_tokens: int = 64,
              sampling: Sampling | None = None, eos_token_id=None, seed: int | None = None,
-             budget: BudgetPolicy | str = "auto") -> GenerationOutput:
+             budget: BudgetPolicy | str = "auto", logits_processor=None, grammar=None, tokenizer=None,
+             jump_forward: bool = True) -> GenerationOutput:
     """Generate up to max_new_tokens after input_ids (1-D or (1, T)) with speculative decoding.
 
     eos_token_id: int, list or None (None: the model's generation_config; pass [] to never stop).
     budget: how much the drafter may draft each step: "auto" (default: the cost-aware controller of
     verify/controller.py, never above the drafter's cap), "fixed" (the drafter's cap every step)
     or a BudgetPolicy. This is the packed loop (verify/packed.py) with one lane.
+    logits_processor: a transformers LogitsProcessorList (or list), applied at every tree node with that node's
+    own prefix as `generate` applies it (verify/constraints.py). grammar: a draftkit Grammar (or a JSON-schema
+    dict) the output must follow; it needs `tokenizer` (the target's) to compile. jump_forward: commit the
+    tokens the grammar forces without a forward.
     """
     from draftkit.verify.packed import generate_packed
 
     vocab = model.get_output_embeddings().weight.shape[0]
     prompt = as_prompt(input_ids, vocab)
     return generate_packed(model, [prompt], [drafter or NoDrafter()], max_new_tokens, sampling, eos_token_id, seed,
-                           budget, logprobs=False).outputs[0]
+                           budget, logprobs=False, logits_processor=logits_processor, grammar=grammar,
+                           tokenizer=tokenizer, jump_forward=jump_forward).outputs[0]

@@ -31,6 +31,7 @@ import torch
 from draftkit.verify import sync
 from draftkit.verify.accept import Sampling, drafter_generator, verifier_generator
 from draftkit.verify.budget import make_policy
+from draftkit.verify.constraints import make_constraint
 from draftkit.verify.cache import KVBuffer
 from draftkit.verify.contract import Budget, DecodeState, DraftTree, StepResult
 from draftkit.verify.decode import GenerationOutput, as_prompt, check_room, eos_set, finish
@@ -57,6 +58,7 @@ class Lane:
     stats: DecodeStats = field(default_factory=DecodeStats)
     logp: list[torch.Tensor] = field(default_factory=list)  # target log p of the generated tokens, on the device
     done: bool = False
+    constraint: object = None  # its logits processors and grammar (verify/constraints.py), or None
 
     @property
     def generated(self) -> int:
@@ -76,28 +78,32 @@ class PackedOutput:
 
 
 def _propose(lane: Lane, ver: Verifier, sampling: Sampling, max_new_tokens: int, vocab: int,
-             draws: torch.Generator | None) -> tuple[DraftTree, Budget]:
-    """The lane's budget, clipped to the tokens left and the context, and its drafter's tree within it
-    (draws: the drafters' random stream, DecodeState.generator)."""
+             draws: torch.Generator | None):
+    """The lane's budget, clipped to the tokens left and the context, its drafter's tree within it (draws: the
+    drafters' random stream, DecodeState.generator), and the tree under the lane's constraint (or None)."""
     T = len(lane.tokens)
     given = lane.policy.budget(T).clip(max_new_tokens - lane.generated)
     if ver.max_len:  # a tree running past the context cannot be verified
         room = ver.max_len - T
         given = Budget(min(given.max_depth, room), min(given.max_nodes, room), given.min_path_prob)
     tree = DraftTree.empty()
-    if not given.empty:
+    # after a jump-forward the forced tokens wait in pending: a drafter of the target's hidden states has no
+    # features for them until this step's forward feeds them, so it sits this step out
+    if not given.empty and not (getattr(lane.drafter, "hidden_layers", ()) and len(lane.pending) > 1):
         state = DecodeState(lane.buf[:T], lane.prompt.numel(), given, sampling.greedy, sampling.temperature or 1.0,
                             None if sampling.greedy else sampling, draws)
         tree = lane.drafter.propose(state)
         if ver.max_len and len(tree) > ver.max_len - T:  # a drafter that ignored the budget
             tree = DraftTree.empty()
-    return tree.validate(vocab), given
+    tree.validate(vocab)
+    return tree, given, lane.constraint.prepare(tree, lane.buf[:T]) if lane.constraint else None
 
 
 def _verify(ver: Verifier, lanes: list[Lane], trees: list[DraftTree], roots: list[int] | None, sampling, gen,
-            layers, logits_to_keep=None):
+            layers, logits_to_keep=None, checks=None):
     """One forward over the lanes' pending tokens and trees, the acceptance walks, ONE read. `roots`: the
     logits row of each lane's root when lanes share a piece (best-of-N's prefill); None: one piece per lane.
+    checks: per lane, its ConstrainedStep (trees are then their forward trees) or None.
     Returns (step, logits, hidden, walks, results, top1 of every row)."""
     shared = roots is not None
     pieces = [Piece(SHARED, 0, lanes[0].pending, trees[0])] if shared else \
@@ -113,7 +119,10 @@ def _verify(ver: Verifier, lanes: list[Lane], trees: list[DraftTree], roots: lis
         n, r = len(tree), root - skip
         topo = step.topology[0 if shared else i]
         anc = step.anc[first:first + n, first:first + n] if n else None
-        walks.append(walk_tree(tree, logits[r:r + n + 1], sampling, gen, topo, anc, width, top1[r:r + n + 1]))
+        if checks and checks[i]:  # processors and the grammar's mask first, then the rule (verify/constraints.py)
+            walks.append(checks[i].walk(logits[r:r + n + 1], sampling, gen, width))
+        else:
+            walks.append(walk_tree(tree, logits[r:r + n + 1], sampling, gen, topo, anc, width, top1[r:r + n + 1]))
     results, top1 = read_walks(walks, top1)  # the step's one read
     return step, logits, hidden, walks, results, top1
 
@@ -121,10 +130,13 @@ def _verify(ver: Verifier, lanes: list[Lane], trees: list[DraftTree], roots: lis
 @torch.no_grad()
 def generate_packed(model, prompts, drafters, max_new_tokens: int = 64, sampling: Sampling | None = None,
                     eos_token_id=None, seed: int | None = None, budget="auto",
-                    shared_prompt: bool = False, logprobs: bool = True) -> PackedOutput:
+                    shared_prompt: bool = False, logprobs: bool = True, logits_processor=None, grammar=None,
+                    tokenizer=None, jump_forward: bool = True) -> PackedOutput:
     """Decode len(drafters) lanes together. shared_prompt: every lane continues prompts[0], stored once
     (best-of-N); otherwise lane i continues prompts[i] (a batch of prompts of any lengths). logprobs: keep
-    the target's log-probability of every generated token (read once per lane at the end)."""
+    the target's log-probability of every generated token (read once per lane at the end).
+    logits_processor, grammar, tokenizer, jump_forward: each lane's constraint (verify/decode.generate); each
+    lane follows the grammar with a matcher of its own."""
     sampling = sampling or Sampling()
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
@@ -145,6 +157,10 @@ def generate_packed(model, prompts, drafters, max_new_tokens: int = 64, sampling
     for p in prompts:
         check_room(ver, p.numel(), max_new_tokens)
     eos = eos_set(model, eos_token_id)
+    constraints = [make_constraint(logits_processor, grammar, tokenizer, vocab, eos, jump_forward) for _ in drafters]
+    if constraints[0] is not None and (shared_prompt or logprobs):
+        raise ValueError("logits processors and grammars apply to lanes of their own prompts without log-probabilities "
+                         "(generate, generate_batch), not to best-of-N")
     gen = verifier_generator(seed, model.device)
     draws = drafter_generator(seed, model.device)  # the drafter's stream
     layers = tuple(sorted({i for d in drafters for i in getattr(d, "hidden_layers", ())}))
@@ -154,7 +170,7 @@ def generate_packed(model, prompts, drafters, max_new_tokens: int = 64, sampling
         buf = torch.empty(p.numel() + max_new_tokens + deepest + 1, dtype=torch.long, device=model.device)
         buf[:p.numel()] = p
         lanes.append(Lane(i, d, pol, p, sync.to_host(p) if i == 0 or not shared_prompt else list(lanes[0].tokens),
-                          buf, pending=p))
+                          buf, pending=p, constraint=constraints[i]))
         d.reset(p)
         pol.start(p.numel())
 
@@ -163,32 +179,38 @@ def generate_packed(model, prompts, drafters, max_new_tokens: int = 64, sampling
         t0 = clock.now()
         m = group[0].prompt.numel()
         empty = [DraftTree.empty().validate() for _ in group]
+        checks = [ln.constraint.prepare(e, ln.prompt) if ln.constraint else None for ln, e in zip(group, empty)]
         step, logits, hidden, walks, results, _ = _verify(ver, group, empty, [m - 1] * len(group) if shared_prompt
-                                                          else None, sampling, gen, layers, logits_to_keep=1)
+                                                          else None, sampling, gen, layers, logits_to_keep=1,
+                                                          checks=checks)
         keep = torch.arange(m, device=model.device)
         ver.commit_rows(step, keep, list(range(m)))
         for ln, w, (_, _, first) in zip(group, walks, results):
-            ln.position, ln.pending = m, [first]
             _commit(ln, [first], w, logits[-1:], None, max_new_tokens, eos, logprobs)
-            ln.stats.steps.append(StepStats(0, 0, 0, 1, 0.0, clock.now() - t0, prefill=True))
+            forced = _jump_forward(ln, [first], max_new_tokens, eos)
+            ln.position, ln.pending = m, [first] + forced
+            ln.stats.steps.append(StepStats(0, 0, 0, 1 + len(forced), 0.0, clock.now() - t0, prefill=True,
+                                            forced=len(forced)))
             if not ln.done:
                 sel = None if hidden is None else _pick(hidden, layers, ln.drafter)
-                ln.drafter.update(StepResult(ln.buf[m:m + 1], ln.prompt, sel, logits[-1:], empty[0], [],
-                                             top1=None, new_token_ids=[first]))
+                ln.drafter.update(StepResult(ln.buf[m:m + 1 + len(forced)], ln.prompt, sel, logits[-1:], empty[0], [],
+                                             top1=None, new_token_ids=[first] + forced, forced=len(forced)))
 
     while True:
         live = [ln for ln in lanes if not ln.done]
         if not live:
             break
-        trees, givens, draft_s = [], [], []  # each lane's own drafting time, not the batch's
+        trees, givens, checks, draft_s = [], [], [], []  # each lane's own drafting time, not the batch's
         for ln in live:
             t0 = clock.now()
-            tree, given = _propose(ln, ver, sampling, max_new_tokens, vocab, draws)
-            trees.append(tree)
+            tree, given, check = _propose(ln, ver, sampling, max_new_tokens, vocab, draws)
+            trees.append(check.forward_tree if check else tree)  # without the nodes its grammar forbids
             givens.append(given)
+            checks.append(check)
             draft_s.append(clock.now() - t0)
         t1 = clock.now()
-        step, logits, hidden, walks, results, top1 = _verify(ver, live, trees, None, sampling, gen, layers)
+        step, logits, hidden, walks, results, top1 = _verify(ver, live, trees, None, sampling, gen, layers,
+                                                             checks=checks)
         keep, keep_host = [], []
         for i, (ln, (acc, _, _)) in enumerate(zip(live, results)):
             start, (_, first) = step.starts[i], step.rows(i)
@@ -205,23 +227,31 @@ def generate_packed(model, prompts, drafters, max_new_tokens: int = 64, sampling
             kept += m + len(acc)
             T = len(ln.tokens)
             new = _commit(ln, acc_tokens + [bonus], w, rows, first, max_new_tokens, eos, logprobs, logits)
-            ln.stats.steps.append(StepStats(len(tree), tree.max_depth, len(acc), len(new), draft_s[i],
+            forced, check = _jump_forward(ln, new, max_new_tokens, eos), checks[i]
+            row_top1 = top1[root:first + len(tree)]
+            if check is not None:  # the drafter learns about its own tree
+                rows, row_top1 = check.drafter_logits(rows), None if check.walk_nodes is not None else row_top1
+                tree, acc = check.tree, check.drafter_nodes(acc)
+            ln.stats.steps.append(StepStats(len(tree), tree.max_depth, len(acc), len(new) + len(forced), draft_s[i],
                                             verify_s * (m + len(tree)) / step.q, budget_depth=given.max_depth,
                                             budget_nodes=given.max_nodes,
                                             rejected=bool(tree.children[acc[-1] + 1 if acc else 0]),
-                                            lanes=len(live)))
+                                            lanes=len(live), forced=len(forced)))
+            if check is not None:
+                ln.stats.steps[-1].drafted, ln.stats.steps[-1].pruned = len(trees[i]), check.pruned
             ln.position += m + len(acc)
             sel = None if hidden is None else tuple(h.index_select(0, own) for h in _pick(hidden, layers, ln.drafter))
             t2 = clock.now()
-            ln.drafter.update(StepResult(ln.buf[T:T + len(new)], step.ids[own], sel, rows, tree, acc,
-                                         top1=top1[root:first + len(tree)], new_token_ids=new))
+            ln.drafter.update(StepResult(ln.buf[T:T + len(new) + len(forced)], step.ids[own], sel, rows, tree, acc,
+                                         top1=row_top1, new_token_ids=new + forced, forced=len(forced)))
             ln.stats.steps[-1].draft_s += clock.now() - t2
             if ln.done:  # the drafter saw its last tokens; nothing more to feed
                 continue
             ln.policy.observe(ln.stats.steps[-1], len(ln.tokens))
-            ln.pending = new[-1:]
+            ln.pending = new[-1:] + forced  # the bonus, then the tokens the grammar forced: fed next
     outs = []
     for ln in lanes:
+        ln.stats.grammar_complete = ln.constraint.grammar_complete if ln.constraint else None
         seq = ln.buf[:len(ln.tokens)].clone()
         outs.append(GenerationOutput(seq[ln.prompt.numel():], seq, ln.stats, lossless=sampling.lossless))
     committed = ver.kv.lengths[0]
@@ -253,6 +283,21 @@ def _commit(lane: Lane, new: list[int], w, rows: torch.Tensor, first: int | None
     lane.tokens += new
     lane.done = done
     return new
+
+
+def _jump_forward(lane: Lane, new: list[int], max_new_tokens: int, eos: set[int]) -> list[int]:
+    """Advance the lane's grammar by the step's committed tokens `new` (already appended) and append the tokens
+    it then forces (committed without a forward; none once the lane is done). Returns those tokens."""
+    if lane.constraint is None:
+        return []
+    T = len(lane.tokens) - len(new)
+    forced = lane.constraint.commit(lane.buf[:T], new, max_new_tokens - (T - lane.prompt.numel()), eos)
+    if forced:
+        k = len(lane.tokens)
+        lane.buf[k:k + len(forced)] = torch.tensor(forced, device=lane.buf.device)
+        lane.tokens += forced
+        lane.done = bool(eos & set(forced)) or lane.generated >= max_new_tokens
+    return forced
 
 
 def kv_entries_independent(prompt_len: int, lengths: list[int]) -> int:

@@ -25,11 +25,14 @@ class StepStats:
     budget_nodes: int = 0
     rejected: bool = False  # the acceptance walk stopped at a slot that had draft children
     lanes: int = 1  # sequences verified in the same forward (verify_s is this one's share of it)
+    pruned: int = 0  # draft nodes a grammar forbade, dropped before the forward (not in `drafted`)
+    forced: int = 0  # tokens a grammar forced after the bonus, committed without a forward (in `committed`)
 
 
 @dataclass
 class DecodeStats:
     steps: list[StepStats] = field(default_factory=list)
+    grammar_complete: bool | None = None  # None: no grammar; False: max_new_tokens ended the output first
 
     @property
     def decode_steps(self) -> list[StepStats]:
@@ -43,6 +46,20 @@ class DecodeStats:
     def tau(self) -> float:
         steps = self.decode_steps
         return sum(s.accepted + 1 for s in steps) / len(steps) if steps else 1.0
+
+    @property
+    def tau_with_forced(self) -> float:
+        """tau counting the tokens a grammar forced (jump-forward) as committed by the step before them."""
+        steps = self.decode_steps
+        return sum(s.accepted + 1 + s.forced for s in steps) / len(steps) if steps else 1.0
+
+    @property
+    def forced_tokens(self) -> int:
+        return sum(s.forced for s in self.steps)
+
+    @property
+    def pruned_nodes(self) -> int:
+        return sum(s.pruned for s in self.steps)
 
     @property
     def alpha(self) -> float:
@@ -86,10 +103,13 @@ class DecodeStats:
         return (sum(s.budget_depth for s in steps) / len(steps), sum(s.budget_nodes for s in steps) / len(steps))
 
     def merge(self, other: "DecodeStats") -> "DecodeStats":
-        return DecodeStats(self.steps + other.steps)
+        flags = [f for f in (self.grammar_complete, other.grammar_complete) if f is not None]
+        return DecodeStats(self.steps + other.steps, all(flags) if flags else None)
 
     def summary(self) -> dict:
         return {"tau": self.tau, "alpha": self.alpha, "acceptance_by_depth": self.acceptance_by_depth(),
                 "steps": len(self.decode_steps), "new_tokens": self.new_tokens, "mean_tree_size": self.mean_tree_size,
                 "mean_depth": self.mean_depth, "mean_budget": self.mean_budget,
-                "draft_s": self.draft_s, "verify_s": self.verify_s}
+                "draft_s": self.draft_s, "verify_s": self.verify_s, "tau_with_forced": self.tau_with_forced,
+                "forced_tokens": self.forced_tokens, "pruned_nodes": self.pruned_nodes,
+                "grammar_complete": self.grammar_complete}
