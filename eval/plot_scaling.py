@@ -13,18 +13,16 @@ import json
 import os
 import sys
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from draftkit.runlog import read_history  # noqa: E402
+
 
 def history(folder: str) -> list[dict]:
-    """The evaluations of one run, in step order."""
-    path = os.path.join(folder, "heldout_history.jsonl")
-    if os.path.exists(path):
-        rows = {}
-        with open(path) as fh:
-            for line in fh:
-                if line.strip():
-                    row = json.loads(line)
-                    rows[row["step"]] = row
-        return [rows[k] for k in sorted(rows)]
+    """The evaluations of one run (its heldout_history.jsonl) or of a shipped drafter (its report's scaling)."""
+    rows = read_history(folder)
+    if rows:
+        return rows
     for report in (os.path.join(folder, "train_report.json"), os.path.join(folder, "final", "train_report.json")):
         if os.path.exists(report):
             with open(report) as fh:

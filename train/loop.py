@@ -39,6 +39,7 @@ from typing import Callable
 
 import torch
 
+from draftkit.runlog import append_history, read_history
 from draftkit.train.config import TrainError
 
 STATE_FILE = "trainer_state.json"
@@ -246,22 +247,12 @@ class Loop:
             res = evaluate()
         scalars = {k: v for k, v in res.items() if isinstance(v, (int, float))}
         if self.acc.is_main_process:
-            with open(os.path.join(self.cfg.output_dir, "heldout_history.jsonl"), "a") as fh:
-                fh.write(json.dumps({"step": step, "tokens_seen": self.tokens_seen(step), **scalars}) + "\n")
+            append_history(self.cfg.output_dir, {"step": step, "tokens_seen": self.tokens_seen(step), **scalars})
         return res, {f"heldout/{k}": v for k, v in scalars.items()} | {"heldout/tokens_seen": self.tokens_seen(step)}
 
     def heldout_history(self) -> list[dict]:
         """The run's evaluations, one per step (a resumed run's repeats replaced by the newest)."""
-        path = os.path.join(self.cfg.output_dir, "heldout_history.jsonl")
-        if not os.path.exists(path):
-            return []
-        rows = {}
-        with open(path) as fh:
-            for line in fh:
-                if line.strip():
-                    row = json.loads(line)
-                    rows[row["step"]] = row
-        return [rows[k] for k in sorted(rows)]
+        return read_history(self.cfg.output_dir)
 
     def save(self, step: int) -> None:
         """A checkpoint of everything prepared (accelerate's save_state), closed by its trainer_state.json."""
