@@ -13,12 +13,10 @@ from transformers import (LogitsProcessorList, MinNewTokensLengthLogitsProcessor
 
 from draftkit.drafters.lookahead import LookaheadDrafter
 from draftkit.drafters.standalone import StandaloneDrafter
-from draftkit.verify.accept import Sampling
 from draftkit.verify.contract import DraftTree
 from draftkit.verify.decode import generate as _generate
 from draftkit.verify.grammar import Grammar, GrammarError
 from tests.models import tiny_model
-from tests.test_sampled_trees import P_OK, chi2_pvalue
 
 xgr = pytest.importorskip("xgrammar")
 
@@ -276,130 +274,6 @@ def test_a_processor_of_ones_own_opts_in():
     assert out.tokens.tolist() == hf_generate(target, prompt, 20, [BanFive()], None)
 
 
-# ---- sampling follows the constrained target distribution ------------------------------------------
-VE = 8
-SMALL_VOCAB = ["<eos>", "a", "b", "c", "d", "e", "f", "g"]
-SMALL_INFO = xgr.TokenizerInfo(SMALL_VOCAB, xgr.VocabType.RAW, stop_token_ids=[0])
-SMALL_GRAMMAR = Grammar.regex("[abc][bdf][a-g]+")  # forbids about half of what an unconstrained draft proposes
-
-
-def constrained_p(model, prompt, paths, processors, grammar) -> torch.Tensor:
-    """(len(paths), VE) p after each path: the processors with input_ids = prompt + path, the grammar's mask
-    after the path (from a matcher walked here), softmax at temperature 1."""
-    seqs = torch.stack([torch.cat([prompt, torch.tensor(path, dtype=torch.long)]) for path in paths])
-    with torch.no_grad():
-        logits = model(input_ids=seqs).logits[:, -1].float()
-    for proc in processors:
-        logits = proc(seqs, logits)
-    if grammar is not None:
-        compiled = xgr.GrammarCompiler(SMALL_INFO).compile_regex(grammar.source)
-        for row, path in enumerate(paths):
-            matcher, mask = xgr.GrammarMatcher(compiled), xgr.allocate_token_bitmask(1, VE)
-            if not all(matcher.accept_token(t) for t in path):
-                mask.zero_()  # a path the grammar forbids: no p after it (weight 0 in the joint)
-            else:
-                matcher.fill_next_token_bitmask(mask)
-            xgr.apply_token_bitmask_inplace(logits[row:row + 1], mask)
-    return logits.softmax(-1)
-
-
-def exact_tokens_2_3(model, prompt, processors, grammar) -> torch.Tensor:
-    """P(t2, t3) of the 2nd and 3rd generated tokens under the constraint (t1 summed out), by brute force."""
-    p1 = constrained_p(model, prompt, [[]], processors, grammar)[0]
-    p2 = constrained_p(model, prompt, [[a] for a in range(VE)], processors, grammar)
-    p3 = constrained_p(model, prompt, [[a, b] for a in range(VE) for b in range(VE)], processors, grammar)
-    p3 = p3.nan_to_num(0.0).view(VE, VE, VE)  # paths the grammar forbids have no p: weight 0 anyway
-    return (p1[:, None, None] * p2.nan_to_num(0.0)[:, :, None] * p3).sum(0)
-
-
-@pytest.mark.parametrize("constraint, drafter", [("grammar", "standalone"),
-                                                 pytest.param("processor", "standalone", marks=pytest.mark.slow),
-                                                 pytest.param("grammar", "hybrid", marks=pytest.mark.slow)])
-def test_sampling_under_a_constraint_follows_the_constrained_target(constraint, drafter):
-    """A sampled standalone tree (q from an unconstrained draft, siblings without replacement) verified under a
-    grammar (its forbidden nodes pruned, kept as leaves for the residual) or a repetition penalty: the 2nd and
-    3rd tokens follow the constrained target's joint distribution. hybrid: two such drafters' trees merged (their
-    draws kept per slot), pruned the same way."""
-    from draftkit.drafters.hybrid import HybridDrafter
-
-    torch.manual_seed(0)
-    target = tiny_model("llama", vocab=VE, hidden=16, layers=1, seed=3)
-    small = tiny_model("llama", vocab=VE, hidden=16, layers=1, seed=9)
-    with torch.no_grad():  # a peaked target, on which a penalty taken at the wrong prefix shows (TV 0.10)
-        target.get_output_embeddings().weight.mul_(3.0)
-    prompt = torch.tensor([1, 1, 1, 1, 1])
-    procs = [RepetitionPenaltyLogitsProcessor(3.0)] if constraint == "processor" else []
-    grammar = SMALL_GRAMMAR if constraint == "grammar" else None
-    exact = exact_tokens_2_3(target, prompt, procs, grammar)
-    other = tiny_model("llama", vocab=VE, hidden=16, layers=1, seed=11)
-    drafter = StandaloneDrafter(small, max_depth=2, top_k=4, max_nodes=8) if drafter == "standalone" else \
-        HybridDrafter([("a", StandaloneDrafter(small, max_depth=2, top_k=3, max_nodes=6)),
-                       ("b", StandaloneDrafter(other, max_depth=2, top_k=3, max_nodes=6))])
-    counts, accepted, pruned = torch.zeros(VE, VE), 0, 0
-    for i in range(800):
-        out = _generate(target, prompt, drafter, max_new_tokens=4, sampling=Sampling(temperature=1.0), seed=i,
-                        eos_token_id=[0] if grammar else [], budget="fixed", grammar=grammar, tokenizer=SMALL_INFO,
-                        logits_processor=procs)
-        t = out.tokens.tolist()
-        counts[t[1], t[2]] += 1
-        accepted += sum(s.accepted for s in out.stats.steps)
-        pruned += out.stats.pruned_nodes
-    assert accepted > 200 and (pruned > 300 or grammar is None)  # drafts are accepted, and pruned
-    support = exact > 0
-    assert counts[~support].sum() == 0  # nothing the constraint forbids was ever generated
-    assert chi2_pvalue(counts[support], exact[support]) > P_OK, (counts, exact)
-
-
-# ---- compare.py: --grammar and the json task --------------------------------------------------------
-BAD_GRAMMAR_FLAGS = [
-    (["--grammar", "regex:(ab"], "--grammar: regex: Regex parsing error at position 4: The parenthesis is not closed."),
-    (["--grammar", "schema.yaml"], "pass a .json schema file, a .ebnf grammar file or regex:PATTERN"),
-    (["--grammar", "no/such.json"], "--grammar: 'no/such.json': cannot read it"),
-    (["--grammar", "regex:[^\\x00-\\U0010FFFF]"], "no token of this vocabulary can start it"),
-    (["--grammar", "regex:a+", "--tasks", "json"], "--grammar and --tasks json both set the grammar"),
-]
-
-
-@pytest.mark.parametrize("argv,message", BAD_GRAMMAR_FLAGS, ids=[" ".join(a) for a, _ in BAD_GRAMMAR_FLAGS])
-def test_bad_grammar_flags_are_one_line_before_any_model(monkeypatch, capsys, tmp_path, argv, message):
-    import draftkit as dk
-    from draftkit.eval import compare
-
-    def boom(*a, **k):
-        raise AssertionError("a model was loaded")
-
-    monkeypatch.setattr(dk, "load_model", boom)
-    monkeypatch.setattr(compare, "run", boom)
-    assert compare.main(argv + ["--out", str(tmp_path / "out")]) == 2
-    err = capsys.readouterr().err.strip()
-    assert message in err and len(err.splitlines()) == 1 and "Traceback" not in err, err
-
-
-def test_bad_schema_file_names_the_file(monkeypatch, capsys, tmp_path):
-    from draftkit.eval import compare
-
-    path = tmp_path / "s.json"
-    path.write_text('{"type": "object", "properties": {"a": {"if": {}}}}')
-    monkeypatch.setattr(compare, "run", lambda *a: pytest.fail("the run started"))
-    assert compare.main(["--grammar", str(path), "--out", str(tmp_path / "out")]) == 2
-    assert f"{path}: JSON schema: $.properties.a.if is not supported" in capsys.readouterr().err
-
-
-def test_the_json_task_ships_a_schema_its_prompts_decode_under():
-    from transformers import AutoTokenizer
-
-    from draftkit.eval import cli
-    from draftkit.eval.json_task import PROMPTS, json_grammar, json_prompts
-    from draftkit.eval.tasks import TASKS
-
-    tok = AutoTokenizer.from_pretrained("zoo/target")
-    assert json_grammar().kind == "json_schema" and not json_grammar().any_whitespace and "json" in TASKS
-    assert [p.ids for p in json_prompts(tok, 3)] == [tok(t)["input_ids"] for t in PROMPTS[:3]]
-    args = cli.parse_args(["--tasks", "json"])
-    args.task_names = ("json",)
-    assert cli.task_grammars(args, tok, ("json", "code")) == {"json": json_grammar()}
-
-
 def test_a_batch_under_a_grammar_equals_each_row_alone(models):
     """generate_batch: one matcher per row; rows of different lengths accept and jump forward on their own."""
     import draftkit as dk
@@ -416,60 +290,6 @@ def test_a_batch_under_a_grammar_equals_each_row_alone(models):
     assert [o.tokens.tolist() for o in outs] == [a.tokens.tolist() for a in alone]
     assert [o.stats.grammar_complete for o in outs] == [a.stats.grammar_complete for a in alone]
     assert all(o.stats.forced_tokens for o in outs)
-
-
-# ---- the shipped models: every drafter, a real tokenizer ------------------------------------------------
-ZOO_GRAMMARS = {
-    "json": Grammar.json_schema({"type": "object", "properties": {"name": {"type": "string", "maxLength": 12},
-                                                                  "id": {"type": "integer"}},
-                                 "required": ["name", "id"], "additionalProperties": False}, any_whitespace=False),
-    "regex": Grammar.regex(r"def [a-z_]{1,12}\((self|x|a, b)\):"),
-    "ebnf": Grammar.ebnf('root ::= "[" num ("," " " num){0,5} "]"\nnum ::= [1-9] [0-9]{0,2}'),
-}
-
-
-@pytest.fixture(scope="module")
-def zoo():
-    import draftkit as dk
-
-    return dk.load_target()
-
-
-@pytest.mark.parametrize("kind, names", [
-    ("json", ("eagle", "suffix")),
-    pytest.param("json", None, marks=pytest.mark.slow),
-    pytest.param("regex", None, marks=pytest.mark.slow),
-    pytest.param("ebnf", None, marks=pytest.mark.slow),
-])
-def test_shipped_drafters_under_a_grammar_equal_plain_constrained_decoding(zoo, kind, names):
-    """The shipped target and every shipped drafter (None: all of them; P-EAGLE and DFlash are not shipped yet):
-    greedy output equals plain constrained decoding, which equals transformers' generate with xgrammar's own
-    logits processor."""
-    import draftkit as dk
-    from xgrammar.contrib.hf import LogitsProcessor
-
-    from draftkit.drafters.registry import REGISTRY
-    from draftkit.verify.grammar import compile_grammar
-    from draftkit.zoo import available
-
-    target, tok = zoo
-    grammar = ZOO_GRAMMARS[kind]
-    prompt = tok("import json\n\nrow = json.loads('" if kind == "json" else "class A:\n    " if kind == "regex"
-                 else "SIZES = ")["input_ids"]
-    plain = _generate(target, prompt, max_new_tokens=40, grammar=grammar, tokenizer=tok)
-    compiled = compile_grammar(grammar, tok, 8192, {0})
-    ref = target.generate(torch.tensor([prompt]), max_new_tokens=40, do_sample=False, pad_token_id=0,
-                          logits_processor=[LogitsProcessor(compiled)])[0, len(prompt):].tolist()
-    assert plain.tokens.tolist() == ref
-    shipped = available()
-    for name in names or [n for n in dk.DRAFTERS if REGISTRY[n].default_model in (None, *shipped)]:
-        out = _generate(target, prompt, dk.make_drafter(name, target), max_new_tokens=40, grammar=grammar,
-                        tokenizer=tok)
-        assert out.tokens.tolist() == ref, (kind, name, tok.decode(out.tokens), tok.decode(ref))
-    if plain.stats.grammar_complete:
-        text = tok.decode(plain.tokens[:-1])
-        assert json.loads(text) if kind == "json" else re.fullmatch(r"def [a-z_]{1,12}\((self|x|a, b)\):", text) \
-            if kind == "regex" else re.fullmatch(r"\[[1-9][0-9]{0,2}(, [1-9][0-9]{0,2}){0,5}\]", text), text
 
 
 def test_hidden_state_drafters_after_forced_tokens():
