@@ -184,3 +184,11 @@ def resolve_model(name: str, kind: str, flag: str = "--target") -> str:
     if problem:  # before anything is created: no empty output folder is left behind
         raise TrainError(f"{flag} {name}: {problem}")
     return name
+
+
+def mask_token(tokenizer, given: int) -> int:
+    """The placeholder token of a one-forward drafter (P-EAGLE, DFlash): `given`, or (-1) the tokenizer's pad
+    token, else its EOS."""
+    if given >= 0:
+        return given
+    return tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id

@@ -25,7 +25,7 @@ import torch  # noqa: E402
 from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
 
 from draftkit.drafters.dflash import DFlashDrafter, make_dflash_draft  # noqa: E402
-from draftkit.train.config import TrainError, field, parse_config, resolve_model, shared  # noqa: E402
+from draftkit.train.config import TrainError, field, mask_token, parse_config, resolve_model, shared  # noqa: E402
 from draftkit.train.decode_eval import measure_tau  # noqa: E402
 from draftkit.train.dflash_loss import DFlashLoss  # noqa: E402
 from draftkit.train.loop import Loop, cli  # noqa: E402
@@ -87,8 +87,7 @@ def main(argv=None):
         tokenizer = AutoTokenizer.from_pretrained(target_path)
         target = AutoModelForCausalLM.from_pretrained(target_path, dtype=torch.float32).to(acc.device).eval()
         target.requires_grad_(False)
-        mask = cfg.mask_token_id if cfg.mask_token_id >= 0 else (
-            tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id)
+        mask = mask_token(tokenizer, cfg.mask_token_id)
         torch.manual_seed(cfg.seed)
         try:
             draft = make_dflash_draft(target, cfg.block_size, mask, cfg.draft_layers, cfg.target_layers or None)

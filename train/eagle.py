@@ -46,7 +46,7 @@ from draftkit.drafters.eagle import EagleDraftModel, EagleDrafter  # noqa: E402
 from draftkit.drafters.eagle_reference import frequent_tokens, make_draft  # noqa: E402
 from draftkit.drafters.peagle import PEagleDraft, PEagleDrafter, make_peagle_draft  # noqa: E402
 from draftkit.train import decode_eval  # noqa: E402
-from draftkit.train.config import TrainError, field, parse_config, resolve_model, shared  # noqa: E402
+from draftkit.train.config import TrainError, field, mask_token, parse_config, resolve_model, shared  # noqa: E402
 from draftkit.train.loop import Loop, cli  # noqa: E402
 from draftkit.train.peagle_loss import PEagleLoss  # noqa: E402
 from draftkit.train.targetdata import TargetDataConfig, target_data  # noqa: E402
@@ -260,8 +260,7 @@ def main(argv=None):
         if cfg.init_from:
             draft = initial_draft(cfg, target)
         elif cfg.parallel_depths:
-            mask = cfg.mask_token_id if cfg.mask_token_id >= 0 else (
-                tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id)
+            mask = mask_token(tokenizer, cfg.mask_token_id)
             draft = make_peagle_draft(target, cfg.feature_layers, mask, draft_ids, cfg.init_from_target)
         else:
             draft = make_draft(target, cfg.feature_layers, cfg.layout, draft_ids, cfg.init_from_target)

@@ -311,15 +311,15 @@ class TargetData:
             epoch, offset = epoch + 1, 0
         return torch.tensor(out)
 
-    def tokens(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """(ids (B, T) long, loss_mask (B, T) bool) of micro-batch `step`, on the device, without target outputs
-        (for recipes that run the target themselves: Medusa-2 fine-tunes it)."""
-        idx = self.indices(step)
+    def tokens(self, step: int, idx: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(ids (B, T) long, loss_mask (B, T) bool) of micro-batch `step` (its rows `idx` when known), on the
+        device, without target outputs (for recipes that run the target themselves: Medusa-2 fine-tunes it)."""
+        idx = self.indices(step) if idx is None else idx
         return self.rows[idx].long().to(self.acc.device), self.mask[idx].to(self.acc.device)
 
     def batch(self, step: int) -> TargetBatch:
         idx = self.indices(step)
-        ids, mask = self.tokens(step)
+        ids, mask = self.tokens(step, idx)
         if self.features is None:
             hidden = target_outputs(self.target, ids, self.layers)
         else:
