@@ -46,7 +46,16 @@ def make_peagle_draft(target, feature_layers, mask_token_id: int, draft_ids: tor
     """A fresh P-EAGLE draft for `target`, initialised as make_draft initialises a reference EAGLE-3 draft."""
     from draftkit.drafters.eagle_reference import make_draft
 
-    base = make_draft(target, feature_layers, "reference", draft_ids, init_from_target)
+    return peagle_from_eagle3(make_draft(target, feature_layers, "reference", draft_ids, init_from_target),
+                              mask_token_id)
+
+
+def peagle_from_eagle3(base: Eagle3Draft, mask_token_id: int) -> PEagleDraft:
+    """A P-EAGLE draft warm-started from a trained EAGLE-3 draft: its weights, a fresh mask_hidden.
+
+    Depth 1 of P-EAGLE is exactly EAGLE-3's next-token prediction, so the base's weights are the right start;
+    only the placeholder feature is new.
+    """
     config = base.config
     config.mask_token_id = int(mask_token_id)
     draft = PEagleDraft(config)

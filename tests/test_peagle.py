@@ -138,3 +138,38 @@ def test_training_lowers_the_loss(tiny_run):
 
     drafter = PEagleDrafter.from_pretrained(str(out / "final"), AutoModelForCausalLM.from_pretrained(str(tiny_run / "target")))
     assert tuple(drafter.draft.mask_hidden.shape) == (1, 1, 3 * 32)
+
+
+def test_warm_start_from_eagle3_keeps_its_first_depth(target):
+    """A P-EAGLE draft started from an EAGLE-3 draft (train/eagle.py --init_from) drafts depth 1 as the EAGLE-3
+    draft does: same weights, same first-depth tokens; only mask_hidden is new."""
+    from draftkit.drafters.peagle import peagle_from_eagle3
+
+    torch.manual_seed(3)
+    base = make_draft(target, LAYERS, "reference")
+    warm = peagle_from_eagle3(base, mask_token_id=5)
+    for name, tensor in base.state_dict().items():
+        assert torch.equal(warm.state_dict()[name], tensor), name
+    assert warm.config.mask_token_id == 5 and warm.mask_hidden.abs().sum() > 0
+    prompt = PROMPTS[1]
+    chain = dict(max_depth=1, max_nodes=1, top_k=1)
+    a = EagleDrafter(target, base, **chain)
+    b = PEagleDrafter(target, warm, **chain)
+    tokens = first_depth_tokens(target, a, prompt)
+    assert any(tokens) and tokens == first_depth_tokens(target, b, prompt)
+
+
+def first_depth_tokens(target, drafter, prompt, steps=6):
+    """The depth-1 token each step drafts, with a fixed budget of one level."""
+    from draftkit.verify.decode import generate
+
+    seen = []
+    propose = drafter.propose
+
+    def spy(state):
+        tree = propose(state)
+        seen.append(tree.host_tokens[:1] if len(tree) else [])
+        return tree
+    drafter.propose = spy
+    generate(target, prompt, drafter, max_new_tokens=steps, budget="fixed")
+    return seen

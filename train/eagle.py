@@ -62,7 +62,8 @@ class EagleTrainConfig(TargetDataConfig):
     ttt_steps: int = field(1, "training-time test: unrolled draft steps on its own features (1 = EAGLE-1/2)")
     ttt_decay: float = field(0.8, "loss weight of unrolled step i is ttt_decay ** i")
     init_from: str = field("", "continue from an existing EAGLE draft (a folder, or default: the shipped one of this "
-                               "layout and feature layers), keeping its layout, features and draft vocabulary")
+                               "layout and feature layers), keeping its layout, features and draft vocabulary; with "
+                               "parallel_depths an EAGLE-3 draft starts P-EAGLE (its weights, a fresh mask_hidden)")
     init_from_target: bool = field(False, "start the draft's decoder layer as a copy of the target's last layer")
     layout: str = field("draftkit", "draft architecture: draftkit (its own) or reference (the zoo's: what vLLM / "
                                     "SGLang compute, exportable with train/export.py)")
@@ -259,6 +260,9 @@ def main(argv=None):
                 draft_ids = frequent_tokens(data.rows.flatten(), vocab, n)
         if cfg.init_from:
             draft = initial_draft(cfg, target)
+            if cfg.parallel_depths and not hasattr(draft, "mask_hidden"):  # P-EAGLE warm-started from EAGLE-3
+                from draftkit.drafters.peagle import peagle_from_eagle3
+                draft = peagle_from_eagle3(draft, mask_token(tokenizer, cfg.mask_token_id))
         elif cfg.parallel_depths:
             mask = mask_token(tokenizer, cfg.mask_token_id)
             draft = make_peagle_draft(target, cfg.feature_layers, mask, draft_ids, cfg.init_from_target)
