@@ -40,7 +40,7 @@ from typing import Callable
 
 import torch
 
-from draftkit.verify.accept import Sampling, target_probs
+from draftkit.verify.accept import Sampling, sample_from, target_probs
 from draftkit.verify.contract import WITHOUT_REPLACEMENT, DraftTree
 
 Forward = Callable[[torch.Tensor, torch.Tensor, "torch.Tensor | None", torch.Tensor], torch.Tensor]
@@ -89,7 +89,7 @@ def sample_chain(root_logits: torch.Tensor, forward: Forward, depth: int, greedy
             tok = logits.argmax()[None]
         else:
             q = draft_probs(logits, temperature, sampling)
-            tok = torch.multinomial(q, 1, generator=gen)
+            tok = sample_from(q[None], gen)
             qs.append(q)
         picked.append(tok)
         if d + 1 == depth:

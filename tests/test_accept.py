@@ -133,3 +133,20 @@ def test_the_bound_catches_a_wrong_residual():
     wrong = P_ROOT * (1 - P_ROOT[1])
     wrong[1] = P_ROOT[1] + (1 - P_ROOT[1]) * P_ROOT[1]
     assert tv(wrong, P_ROOT) > 3 * TV_BOUND
+
+
+def test_sample_from_follows_each_row_and_never_draws_a_zero():
+    """The inverse-CDF draw behind every bonus token: unnormalized rows, zeros anywhere (first and last
+    included), one row a point mass; chi-square-sized tolerance on 20k draws per row."""
+    from draftkit.verify.accept import sample_from
+
+    probs = torch.tensor([[0.0, 2.0, 0.0, 1.0, 1.0, 0.0],
+                          [3.0, 0.0, 0.0, 0.0, 0.0, 1.0],
+                          [0.0, 0.0, 0.0, 0.0, 5.0, 0.0]])
+    gen = torch.Generator().manual_seed(0)
+    draws = torch.stack([sample_from(probs, gen) for _ in range(20000)])  # (20000, 3)
+    for row in range(3):
+        freq = torch.bincount(draws[:, row], minlength=6).float() / draws.shape[0]
+        exact = probs[row] / probs[row].sum()
+        assert freq[exact == 0].sum() == 0
+        assert (freq - exact).abs().max() < 0.015, (row, freq, exact)

@@ -201,3 +201,41 @@ def test_at_the_cap_only_a_level_s_own_cost_prunes_paths():
     budget = policy.budget(100)
     assert budget.max_depth == 4
     assert budget.min_path_prob < 0.05
+
+
+def test_the_plain_step_is_measured_even_while_drafting_seems_to_pay():
+    """Drafted steps pay a cost the profile does not hold (here 1.6x its curve: say a sampled tree's acceptance),
+    plain steps do not. Inferring the plain time from the drafted steps' scale would make plain decoding look
+    1.6x slower and keep a losing drafter drafting; the policy measures a plain step instead, then idles."""
+    import draftkit.verify.controller as ctl
+
+    profile = flat(0.05, plain_s=0.01)
+    policy = AutoBudget(None, Budget(1, 8), profile=profile, cache_profile=False)
+    policy.acceptance = AcceptanceModel(1, prior_rate=0.5, prior_weight=1e9)  # 1.5 tokens a drafted step
+    given = []
+    for _ in range(200):
+        b = policy.budget(100)
+        given.append(b.max_depth)
+        if b.max_depth:  # 1.6 x c(8) = 2.24 plain steps for 1.5 tokens: a loss
+            policy.observe(StepStats(8, 1, 1, 2, 0.0005, 1.6 * profile.plain_s * profile.c(8)), 100)
+        else:
+            policy.observe(StepStats(0, 0, 0, 1, 0.0, profile.plain_s), 100)
+    assert given[:ctl.PLAIN_FIRST + 1] == [1] * ctl.PLAIN_FIRST + [0]  # the first plain step, as promised
+    assert policy.plain_s == pytest.approx(profile.plain_s)
+    assert sum(given[50:]) / 150 < 0.1  # then only the occasional probe drafts
+
+
+def test_a_drafter_that_pays_is_interrupted_only_to_measure_the_plain_step():
+    import draftkit.verify.controller as ctl
+
+    profile = flat(0.05, plain_s=0.01)
+    policy = AutoBudget(None, Budget(1, 8), profile=profile, cache_profile=False)
+    policy.acceptance = AcceptanceModel(1, prior_rate=0.95, prior_weight=1e9)
+    given = []
+    for _ in range(300):
+        b = policy.budget(100)
+        given.append(b.max_depth)
+        verify = profile.plain_s * profile.c(8) if b.max_depth else profile.plain_s
+        policy.observe(StepStats(8 if b.max_depth else 0, b.max_depth, b.max_depth, 2, 0.0005, verify), 100)
+    plain = [i for i, d in enumerate(given) if d == 0]
+    assert plain[0] == ctl.PLAIN_FIRST and len(plain) <= 2 + 300 // ctl.PLAIN_EVERY

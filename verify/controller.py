@@ -18,6 +18,12 @@ The profile's times are scaled by what the steps measure (one factor for the who
 size where steps have measured it), so a profile taken while the machine was busier or quieter than now
 heals; when the steps keep contradicting it by more than a quarter, the next sequence measures it again.
 
+The plain step's time is measured, never inferred while drafting pays: the drafted steps' scale also
+absorbs what only drafted steps pay (the sampled acceptance of a tree, the drafter's reads), so a plain
+time derived from it would make plain decoding look slower than it is, and a drafter that never lets a
+plain step run would never find out. So a policy that has not measured one gives a plain step after its
+first few drafted steps, and again every PLAIN_EVERY steps while it keeps drafting.
+
 When D* = 0 the drafter idles, and every `probe_every` plain steps (doubling up to 16 while probes
 keep losing) it drafts once at its best depth to re-measure, so a method that starts paying on
 later text is picked up again. Within a step, `Budget.min_path_prob` tells a drafter with path
@@ -46,6 +52,8 @@ PROBE_WAIT_MAX = 16  # plain steps between probes at most, while probes keep los
 STALE_AFTER = 12  # drafted steps before the measured scale may declare the profile stale
 STALE_SCALE = (0.75, 1.33)  # measured / profiled verify time outside this: measure the profile again
 REMEASURE_EVERY_S = 300.0  # at most one re-measurement per policy in this time
+PLAIN_FIRST = 4  # drafted steps before the first plain step is measured
+PLAIN_EVERY = 64  # drafted steps in a row before the plain step is measured again (a changing machine load)
 
 
 def seeds_speedup(alpha: float, k: int, phi: float) -> float:
@@ -267,6 +275,7 @@ class AutoBudget:
         self.correction: dict[int, float] = {}  # per profile size, on top of scale (EMA)
         self._scaled_steps, self._stale, self._measured_at = 0, False, 0.0
         self.probe_every, self._probe_wait, self._idle = probe_every, probe_every, 0
+        self._drafted_run = 0  # drafted steps since the last plain step
         self.choices: list[tuple[int, int]] = []  # (depth, nodes) given per step, for reports
         self.predicted: list[tuple[float, float]] = []  # (expected committed, expected seconds) per step
 
@@ -321,6 +330,11 @@ class AutoBudget:
             self._idle, self._probe_wait = 0, min(self._probe_wait * 2, PROBE_WAIT_MAX)
         else:
             self._probe_wait = self.probe_every
+            if self._drafted_run >= (PLAIN_FIRST if self.plain_s is None else PLAIN_EVERY):
+                self._drafted_run = 0  # a plain step, to measure it (see the module docstring)
+                self.choices.append((0, 0))
+                self.predicted.append((gains[0], times[0]))
+                return Budget(0, 0)
         # within the step: a path is worth one more depth if its chance beats the marginal cost of a level,
         # the step to the next depth (at the cap: the step to this one; an average per depth would count the
         # plain step's own cost and cut every tree down to its first level)
@@ -336,8 +350,10 @@ class AutoBudget:
         if step.prefill:  # the prompt's forward says nothing about a decoding step's cost
             return
         if not step.drafted:  # a plain step measures t_plain itself
+            self._drafted_run = 0
             self.plain_s = step.verify_s if self.plain_s is None else 0.9 * self.plain_s + 0.1 * step.verify_s
             return
+        self._drafted_run += 1
         self.acceptance.observe(step.depth, step.accepted)
         self.draft_cost.observe(step.depth, step.draft_s)
         # the measured verify time rescales the whole curve, and refines it near this size
