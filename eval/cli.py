@@ -80,6 +80,10 @@ def build_parser(description: str | None = None) -> Parser:
                     help="0 = greedy; > 0 samples with fixed seeds (and generates max-new-tokens, ignoring EOS)")
     ap.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling for p (sampling only)")
     ap.add_argument("--seed", type=int, default=0, help="seed for prompts and sampling")
+    ap.add_argument("--threads", default="auto",
+                    help="torch CPU threads: a count, or auto: the cores not busy with other work when the run "
+                         "starts (cores less the load average, at least 1; a thread sharing its core with other "
+                         "work stalls every op of a forward) (default: %(default)s)")
     ap.add_argument("--no-peers", action="store_true", help="skip transformers' generate peer rows")
     ap.add_argument("--grammar", help="constrain every prompt's output to a grammar: a .json schema file, a .ebnf "
                                       "grammar file or regex:PATTERN; plain decoding then is plain constrained "
@@ -250,13 +254,22 @@ def prepare(argv, description: str | None = None):
     from draftkit.eval.tasks import fit_to_context
 
     args = parse_args(argv, description)
+    from draftkit.eval.noise import pick_threads
+
+    try:
+        threads, thread_note = pick_threads(args.threads)
+    except ValueError as err:
+        raise check.UsageError(str(err)) from None
     texts = check_flags(args)
     check_drafters(args, drafter_choices())
     path, context, tok = target_info(args.target)
     check.fits_context(context, args.max_new_tokens, None if texts is not None else args.prompt_len)
     args.grammars = task_grammars(args, tok, args.task_names or sorted({t.task for t in texts}))
     tasks = build_prompts(args, tok, texts)
-    notes = []
+    notes = [thread_note] if thread_note else []
+    import torch
+
+    torch.set_num_threads(threads)
     cuts = fit_to_context(tasks, context - args.max_new_tokens) if context else []
     if cuts:
         n = sum(len(p) for p in tasks.values())

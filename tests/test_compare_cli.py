@@ -71,6 +71,8 @@ BAD_FLAGS = [
     (["--max-new-tokens", "2000"], "--max-new-tokens 2000 does not fit the target's context of 1024 positions"),
     (["--prompt-len", "1000", "--max-new-tokens", "100"],
      "--prompt-len 1000 + --max-new-tokens 100 exceed the target's context of 1024 positions"),
+    (["--threads", "0"], "--threads must be a positive count or auto, got '0'"),
+    (["--threads", "many"], "--threads must be a positive count or auto, got 'many'"),
     (["--unknown-flag"], "unrecognized arguments: --unknown-flag"),
     (["--prompts-file"], "argument --prompts-file: expected one argument"),
 ]

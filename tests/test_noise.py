@@ -4,6 +4,8 @@ summary; an idle machine with steady timings gets none."""
 import itertools
 import json
 
+import pytest
+
 from draftkit.eval import compare, noise
 from draftkit.eval.report import format_table
 
@@ -64,7 +66,7 @@ def test_compare_reports_a_busy_machine_everywhere(tmp_path, monkeypatch, capsys
     monkeypatch.setattr(noise, "load_average", lambda: next(loads))
     out = tmp_path / "busy"
     code = compare.main(["--quick", "--drafters", "lookahead", "--no-peers", "--tasks", "copy", "--prompts", "1",
-                         "--max-new-tokens", "8", "--no-plots", "--out", str(out)])
+                         "--max-new-tokens", "8", "--no-plots", "--threads", "1", "--out", str(out)])
     assert code == 0
     printed = capsys.readouterr().out
     report = json.loads((out / "compare.json").read_text())
@@ -72,3 +74,26 @@ def test_compare_reports_a_busy_machine_everywhere(tmp_path, monkeypatch, capsys
     assert any(w.startswith("busy machine: load average 6.0 before the run") for w in report["warnings"])
     assert "WARNING: busy machine" in (out / "compare.txt").read_text()
     assert printed.count("WARNING: busy machine: load average 6.0") == 2  # in the table and the closing summary
+
+
+@pytest.mark.parametrize("cores, load, free", [(2, 0.2, 2), (2, 1.2, 1), (2, 5.0, 1), (8, 2.6, 5), (4, None, 4)])
+def test_free_cores_leave_the_busy_ones_out(cores, load, free, monkeypatch):
+    from draftkit.eval import noise
+
+    monkeypatch.setattr(noise, "load_average", lambda: load)
+    assert noise.free_cores(cores) == free
+
+
+def test_auto_threads_say_why_they_are_fewer(monkeypatch):
+    import torch
+
+    from draftkit.eval import noise
+
+    monkeypatch.setattr(noise.os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
+    monkeypatch.setattr(noise, "load_average", lambda: 1.4)
+    n, note = noise.pick_threads("auto")
+    assert n == 1 and "load average was 1.4 on 2 cores" in note and "--threads 2" in note
+    monkeypatch.setattr(noise, "load_average", lambda: 0.1)
+    assert noise.pick_threads("auto") == (2, None)
+    assert noise.pick_threads("3") == (3, None)  # an explicit count is taken as given
