@@ -22,7 +22,8 @@ The plain step's time is measured, never inferred while drafting pays: the draft
 absorbs what only drafted steps pay (the sampled acceptance of a tree, the drafter's reads), so a plain
 time derived from it would make plain decoding look slower than it is, and a drafter that never lets a
 plain step run would never find out. So a policy that has not measured one gives a plain step after its
-first few drafted steps, and again every PLAIN_EVERY steps while it keeps drafting.
+first few drafted steps, and again every PLAIN_EVERY steps while it keeps drafting (one sequence only: in
+a batch a lane's share of the forward is not what a plain step of its own would cost).
 
 When D* = 0 the drafter idles, and every `probe_every` plain steps (doubling up to 16 while probes
 keep losing) it drafts once at its best depth to re-measure, so a method that starts paying on
@@ -276,6 +277,8 @@ class AutoBudget:
         self._scaled_steps, self._stale, self._measured_at = 0, False, 0.0
         self.probe_every, self._probe_wait, self._idle = probe_every, probe_every, 0
         self._drafted_run = 0  # drafted steps since the last plain step
+        self._lanes = 1  # sequences in the last step's forward (a lane's share of a batch's plain step is no
+        # plain step's cost: it is not measured on purpose there)
         self.choices: list[tuple[int, int]] = []  # (depth, nodes) given per step, for reports
         self.predicted: list[tuple[float, float]] = []  # (expected committed, expected seconds) per step
 
@@ -330,7 +333,7 @@ class AutoBudget:
             self._idle, self._probe_wait = 0, min(self._probe_wait * 2, PROBE_WAIT_MAX)
         else:
             self._probe_wait = self.probe_every
-            if self._drafted_run >= (PLAIN_FIRST if self.plain_s is None else PLAIN_EVERY):
+            if self._lanes == 1 and self._drafted_run >= (PLAIN_FIRST if self.plain_s is None else PLAIN_EVERY):
                 self._drafted_run = 0  # a plain step, to measure it (see the module docstring)
                 self.choices.append((0, 0))
                 self.predicted.append((gains[0], times[0]))
@@ -349,6 +352,7 @@ class AutoBudget:
     def observe(self, step: StepStats, context_len: int) -> None:
         if step.prefill:  # the prompt's forward says nothing about a decoding step's cost
             return
+        self._lanes = step.lanes
         if not step.drafted:  # a plain step measures t_plain itself
             self._drafted_run = 0
             self.plain_s = step.verify_s if self.plain_s is None else 0.9 * self.plain_s + 0.1 * step.verify_s
