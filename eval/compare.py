@@ -75,6 +75,7 @@ def build_methods(args, target, tokenizer, on_error=None):
 
         run.new_task = new_task
         run.widest = 0 if drafter is None else drafter.budget_cap.max_nodes  # its largest tree (--compile's warm-up)
+        run.hidden = bool(getattr(drafter, "hidden_layers", ()))  # reads the target's features (a graph of its own)
         return run
 
     def memory(obj):
@@ -172,7 +173,7 @@ def run(args, target_path, tok, tasks, notes, started: float) -> int:
                     for row in task_rows(task, methods, res, greedy=args.temperature == 0, cost_curve=curve):
                         writer.add(row)
             if args.batch_size_list:
-                report["batches"] = batch_rows(args, target, next(iter(tasks.values())), bar, widest(methods))
+                report["batches"] = batch_rows(args, target, next(iter(tasks.values())), bar, methods)
     except KeyboardInterrupt:
         status = 130
         print("\ninterrupted: writing the rows finished so far", file=sys.stderr)
@@ -218,6 +219,10 @@ def widest(methods) -> int:
     return max(getattr(m.run, "widest", 0) for m in methods)
 
 
+def hidden_kinds(methods) -> tuple[bool, ...]:
+    return tuple(sorted({getattr(m.run, "hidden", False) for m in methods}))
+
+
 def compile_buckets(args, target, methods, tasks, bar) -> None:
     """--compile: every bucket a single-sequence step of this run can meet, compiled before anything is timed, on a
     KV buffer as large as the longest prompt needs (kept on the model, so no later run recompiles)."""
@@ -227,12 +232,12 @@ def compile_buckets(args, target, methods, tasks, bar) -> None:
     longest = max(len(p.ids) for prompts in tasks.values() for p in prompts)
     t0 = time.perf_counter()
     sizes = warm_compiled(target, static_capacity(longest, 1, args.max_new_tokens, widest(methods)),
-                          widest(methods) + 2)
+                          widest(methods) + 2, hidden_kinds(methods))
     bar.write(f"compiled the verify forward for buckets {', '.join(map(str, sizes))} in "
               f"{time.perf_counter() - t0:.0f} s (not timed)")
 
 
-def batch_rows(args, target, prompts, bar, widest_tree: int) -> list[dict]:
+def batch_rows(args, target, prompts, bar, methods) -> list[dict]:
     """--batch-sizes: the first task's prompts decoded in batches (eval/bench_batch.py), speedup over plain
     batched decoding of the same size and the KV bytes of each method, interleaved; one repeat each."""
     from draftkit.eval.bench_batch import run_batches
@@ -246,9 +251,9 @@ def batch_rows(args, target, prompts, bar, widest_tree: int) -> list[dict]:
         from draftkit.verify.forward import warm_compiled
         from draftkit.verify.packed import static_capacity
 
-        b = max(args.batch_size_list)
-        warm_compiled(target, static_capacity(sum(len(x) for x in ids[:b]), b, args.max_new_tokens, widest_tree),
-                      b * (widest_tree + 2))
+        b, w = max(args.batch_size_list), widest(methods)
+        warm_compiled(target, static_capacity(sum(len(x) for x in ids[:b]), b, args.max_new_tokens, w),
+                      b * (w + 2), hidden_kinds(methods))
     return run_batches(target, ids, names, args.batch_size_list, args.max_new_tokens, 1, budget, args.compile)
 
 

@@ -117,8 +117,10 @@ def test_compiled_drafters_are_identical_after_one_warm_up(kind):
     make = makers(target)[kind]
     prompts = prompts_of((5, 12))
     ref = tokens(target, prompts, make)
-    widest = make().budget_cap.max_nodes
-    warm_compiled(target, static_capacity(5 + 12, 2, 30, widest), 2 * (widest + 2))
+    drafter = make()
+    widest = drafter.budget_cap.max_nodes
+    warm_compiled(target, static_capacity(5 + 12, 2, 30, widest), 2 * (widest + 2),
+                  (bool(getattr(drafter, "hidden_layers", ())),))
     with torch._dynamo.config.patch(error_on_recompile=True):
         assert tokens(target, prompts, make, compile=True) == ref
         assert tokens(target, prompts[1:], make, compile=True) == ref[1:]

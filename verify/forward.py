@@ -227,7 +227,6 @@ class Verifier:
         if prefill or not self.compile or not self.kv.layers[0].is_initialized:
             return self.model
         compiled = compiled_forward(self.model)
-        inputs["output_hidden_states"] = True  # always: one graph per bucket, whether a drafter reads them or not
 
         def forward(**kw):  # a graph per bucket: more than dynamo keeps per function by default
             with torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT):
@@ -274,17 +273,21 @@ def static_verifier(model, capacity: int, compile: bool = False) -> Verifier:
 
 
 @torch.no_grad()
-def warm_compiled(model, capacity: int, max_rows: int) -> list[int]:
+def warm_compiled(model, capacity: int, max_rows: int, hidden: tuple[bool, ...] = (False,)) -> list[int]:
     """Compile, before anything is timed, every bucket a run of up to `capacity` KV entries and steps of up to
     `max_rows` rows can meet: one dummy forward per bucket on the model's static verifier (its buffer is sized
-    to `capacity` here and kept). Returns the buckets."""
+    to `capacity` here and kept). hidden: with and/or without hidden states (drafters that read the target's
+    features ask for them: a graph of its own, which transformers' output hooks break in pieces). Returns the
+    buckets."""
     ver = static_verifier(model, capacity, compile=True)
     dev = model.device
     ver.forward(torch.zeros(1, dtype=torch.long, device=dev), DraftTree.empty(dev))  # the prefill: eager
     ver.commit(1, [])
     sizes = sorted({bucket(q) for q in range(1, max_rows + 1)})
     for b in sizes:  # the root and a chain of b - 1 nodes: exactly b rows
-        ver.forward(torch.zeros(1, dtype=torch.long, device=dev), DraftTree.chain([0] * (b - 1), device=dev))
-        ver.kv.drop_pending()
+        for h in hidden:
+            ver.forward(torch.zeros(1, dtype=torch.long, device=dev), DraftTree.chain([0] * (b - 1), device=dev),
+                        (-1,) if h else ())
+            ver.kv.drop_pending()
     ver.reset()
     return sizes
