@@ -95,7 +95,7 @@ def build_parser(description: str | None = None) -> Parser:
                          "..., 64, then multiples of 64 rows; a fixed-size KV buffer and mask) compiled by "
                          "torch.compile, CUDA graphs on a GPU, for plain decoding and every drafter alike (greedy "
                          "output is unchanged). Each bucket compiles once, all of them before the timed runs (a "
-                         "warm-up of a minute or more per bucket on a CPU; with --batch-sizes, the larger buckets "
+                         "warm-up of seconds to a minute per bucket on a CPU; with --batch-sizes, the larger buckets "
                          "of each batch size too), so compile time is in no timing; drafters that run their own "
                          "model (standalone, EAGLE) draft uncompiled (default: off)")
     add_drafter_flags(ap)
