@@ -58,16 +58,17 @@ def _lanes(drafter, target, n: int) -> list:
 
 def generate_batch(target, prompts, drafter=None, max_new_tokens: int = 64, sampling: Sampling | None = None,
                    eos_token_id=None, seed: int | None = None, budget="auto", logits_processor=None, grammar=None,
-                   tokenizer=None, jump_forward: bool = True) -> list[GenerationOutput]:
+                   tokenizer=None, jump_forward: bool = True, compile: bool = False) -> list[GenerationOutput]:
     """Decode a batch of prompts of any lengths together: one target forward per step for all rows, each row
     accepting its own number of tokens and finishing on its own (verify/packed.py). `drafter`: a method name
     or a callable returning a fresh drafter (one per row). logits_processor, grammar, tokenizer, jump_forward:
-    as in `generate`, applied to every row (each row follows the grammar with a matcher of its own)."""
+    as in `generate`, applied to every row (each row follows the grammar with a matcher of its own). compile: as in
+    `generate` (the whole batch's step is one bucket)."""
     from draftkit.verify.packed import generate_packed
 
     return generate_packed(target, list(prompts), _lanes(drafter, target, len(prompts)), max_new_tokens, sampling,
                            eos_token_id, seed, budget, logprobs=False, logits_processor=logits_processor,
-                           grammar=grammar, tokenizer=tokenizer, jump_forward=jump_forward).outputs
+                           grammar=grammar, tokenizer=tokenizer, jump_forward=jump_forward, compile=compile).outputs
 
 
 @dataclass
@@ -85,17 +86,19 @@ def mean_logprob(sample: GenerationOutput, logprobs: list[float]) -> float:
 
 
 def best_of_n(target, prompt, n: int, reward=None, drafter=None, sampling: Sampling | None = None,
-              max_new_tokens: int = 64, eos_token_id=None, seed: int | None = None, budget="auto") -> BestOfN:
+              max_new_tokens: int = 64, eos_token_id=None, seed: int | None = None, budget="auto",
+              compile: bool = False) -> BestOfN:
     """N sampled continuations of one prompt whose KV is stored once (N branches of one tree hanging off the
     prompt), each drafted and verified speculatively and losslessly; the best by `reward(sample)` (default:
-    the target's mean log-probability of the continuation). `drafter`: a method name or a factory."""
+    the target's mean log-probability of the continuation). `drafter`: a method name or a factory. compile: as in
+    `generate`."""
     from draftkit.verify.packed import generate_packed, kv_entries_independent
 
     if n < 1:
         raise ValueError(f"n must be >= 1, got {n}")
     sampling = sampling or Sampling(temperature=1.0)
     out = generate_packed(target, [prompt], _lanes(drafter, target, n), max_new_tokens, sampling, eos_token_id,
-                          seed, budget, shared_prompt=True)
+                          seed, budget, shared_prompt=True, compile=compile)
     rewards = [float(reward(s)) if reward is not None else mean_logprob(s, lp)
                for s, lp in zip(out.outputs, out.logprobs)]
     best = max(range(n), key=rewards.__getitem__)

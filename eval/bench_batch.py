@@ -38,8 +38,9 @@ def _ints(text: str, flag: str) -> list[int]:
     return values
 
 
-def run_batches(target, prompts, names, batch_sizes, n_new, repeats, budget) -> list[dict]:
-    """One row per (method, batch size), speedups against plain batched decoding of the same size."""
+def run_batches(target, prompts, names, batch_sizes, n_new, repeats, budget, compile=False) -> list[dict]:
+    """One row per (method, batch size), speedups against plain batched decoding of the same size. compile: every
+    method's verify forward compiled (generate_packed)."""
     pools = {name: [dk.make_drafter(name, target) for _ in range(max(batch_sizes))] for name in names}
     rows = []
     for b in batch_sizes:
@@ -50,7 +51,7 @@ def run_batches(target, prompts, names, batch_sizes, n_new, repeats, budget) -> 
             for name in ("plain", *names):  # interleaved
                 drafters = [dk.NoDrafter() for _ in batch] if name == "plain" else pools[name][:b]
                 t0 = time.perf_counter()
-                out = generate_packed(target, batch, drafters, n_new, eos_token_id=[], budget=budget)
+                out = generate_packed(target, batch, drafters, n_new, eos_token_id=[], budget=budget, compile=compile)
                 if rep:
                     times[name].append(time.perf_counter() - t0)
                 outs[name] = out

@@ -2,12 +2,16 @@
 
     python eval/bench_core.py                      # the shipped default models (about 2 minutes)
     python eval/bench_core.py --target runs/target/final --draft runs/draft/final
+    python eval/bench_core.py --quick                   # a smoke run: small counts, noisy figures
 
 Prints:
  1. ms of a raw transformers forward (DynamicCache, the model's own causal mask) over
     1, 8, 32 and 64 new tokens at a 256-token context, beside draftkit's verifier forward
     over the same token counts (the root + a chain, and the root + a bushy tree), and the
-    verifier's overhead on top of the raw forward;
+    verifier's overhead on top of the raw forward; then the verify curve of the bushy tree
+    three ways: eager, static shapes run eagerly (the step padded to its bucket, the KV
+    buffer and mask at full capacity) and static shapes compiled (`compile=True`; each
+    bucket compiles before the timed rounds);
  2. the loop's own time per decoding step outside model forwards (plain decoding);
  3. the share of each step spent drafting for EAGLE-2, EAGLE-3 and the standalone draft (fixed budgets);
  4. plain decoding through draftkit against transformers' `generate`, interleaved;
@@ -33,7 +37,7 @@ from draftkit.eval.peers import hf_plain  # noqa: E402
 from draftkit.eval.syncs import SyncCounter  # noqa: E402
 from draftkit.eval.tasks import build_tasks  # noqa: E402
 from draftkit.verify.contract import DraftTree  # noqa: E402
-from draftkit.verify.forward import Verifier  # noqa: E402
+from draftkit.verify.forward import Verifier, static_verifier, warm_compiled  # noqa: E402
 
 
 def bushy(n: int, vocab: int) -> DraftTree:
@@ -45,14 +49,19 @@ def bushy(n: int, vocab: int) -> DraftTree:
 
 @torch.no_grad()
 def forward_costs(target, context: int, sizes, reps: int) -> dict[str, dict[int, float]]:
-    """Median ms per forward of `n` new tokens: raw transformers, verifier chain, verifier tree."""
+    """Median ms per forward of `n` new tokens: raw transformers, verifier chain, verifier tree, and the tree with
+    static shapes eagerly and compiled."""
     vocab = target.get_output_embeddings().weight.shape[0]
     ctx = torch.randint(0, vocab, (1, context), generator=torch.Generator().manual_seed(0))
     raw = DynamicCache(config=target.config)
     target(input_ids=ctx, cache=raw, use_cache=True)
-    ver = Verifier(target, capacity=context + max(sizes) + 1)
-    ver.forward(ctx[0], DraftTree.empty().validate())
-    ver.commit(context, [])
+    capacity = context + max(sizes) + 1
+    warm_compiled(target, capacity, max(sizes))  # every bucket compiled here, untimed
+    vers = {"tree": Verifier(target, capacity), "chain": Verifier(target, capacity),
+            "static": Verifier(target, capacity, static=True), "compiled": static_verifier(target, capacity, True)}
+    for ver in vers.values():
+        ver.forward(ctx[0], DraftTree.empty().validate())
+        ver.commit(context, [])
     root = ctx[0, -1:]
     runs = {}
     for n in sizes:
@@ -64,13 +73,13 @@ def forward_costs(target, context: int, sizes, reps: int) -> dict[str, dict[int,
             target(input_ids=ids, cache=raw, use_cache=True, logits_to_keep=ids.shape[1])
             raw.crop(-ids.shape[1])
 
-        def ver_forward(tree):
+        def ver_forward(ver, tree):
             ver.forward(root, tree)
             ver.kv.drop_pending()
 
         runs[("raw", n)] = raw_forward
-        runs[("chain", n)] = lambda chain=chain: ver_forward(chain)
-        runs[("tree", n)] = lambda tree=tree: ver_forward(tree)
+        for kind, ver in vers.items():
+            runs[(kind, n)] = lambda ver=ver, t=chain if kind == "chain" else tree: ver_forward(ver, t)
     times = {k: [] for k in runs}
     for rep in range(reps + 2):  # interleaved; the first two rounds warm up
         for key, fn in runs.items():
@@ -78,7 +87,7 @@ def forward_costs(target, context: int, sizes, reps: int) -> dict[str, dict[int,
             fn()
             if rep >= 2:
                 times[key].append(time.perf_counter() - t0)
-    out: dict[str, dict[int, float]] = {"raw": {}, "chain": {}, "tree": {}}
+    out: dict[str, dict[int, float]] = {"raw": {}, **{kind: {} for kind in vers}}
     for (kind, n), ts in times.items():
         out[kind][n] = statistics.median(ts) * 1e3
     return out
@@ -144,11 +153,18 @@ def transfers(target, tok, ids, n: int) -> dict[str, dict[str, float]]:
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--target", default=None, help="target model path or hub id (default: the shipped target)")
-    ap.add_argument("--prompts", type=int, default=6, help="held-out code prompts (default: 6)")
-    ap.add_argument("--max-new-tokens", type=int, default=96, help="tokens generated per prompt (default: 96)")
-    ap.add_argument("--repeats", type=int, default=3, help="interleaved repeats, median reported (default: 3)")
-    ap.add_argument("--reps", type=int, default=30, help="timing repetitions per forward size (default: 30)")
+    ap.add_argument("--prompts", type=int, help="held-out code prompts (default: 6; --quick: 2)")
+    ap.add_argument("--max-new-tokens", type=int, help="tokens generated per prompt (default: 96; --quick: 16)")
+    ap.add_argument("--repeats", type=int, help="interleaved repeats, median reported (default: 3; --quick: 1)")
+    ap.add_argument("--reps", type=int, help="timing repetitions per forward size (default: 30; --quick: 3)")
+    ap.add_argument("--quick", action="store_true", help="a smoke run with the small counts above (explicit flags "
+                    "win; the figures are noise)")
     args = ap.parse_args(argv)
+    preset = dict(prompts=2, max_new_tokens=16, repeats=1, reps=3) if args.quick else \
+        dict(prompts=6, max_new_tokens=96, repeats=3, reps=30)
+    for flag, value in preset.items():
+        if getattr(args, flag) is None:
+            setattr(args, flag, value)
     for flag in ("prompts", "max_new_tokens", "repeats", "reps"):
         if getattr(args, flag) < 1:
             ap.error(f"--{flag.replace('_', '-')} must be >= 1")
@@ -162,6 +178,11 @@ def main(argv=None):
     for n in sizes:
         r, c, t = cost["raw"][n], cost["chain"][n], cost["tree"][n]
         print(f"{n:>4} {r:8.2f} {c:15.2f} {100 * (c / r - 1):+8.1f}% {t:14.2f} {100 * (t / r - 1):+8.1f}%")
+    print("\n   the verify curve (bushy tree of n - 1 nodes and the root; median ms, c(n) = ms / ms at n = 1)")
+    print(f"{'n':>4} {'eager':>8} {'c(n)':>6} {'static':>8} {'c(n)':>6} {'compiled':>9} {'c(n)':>6}")
+    for n in sizes:
+        row = [(cost[kind][n], cost[kind][n] / cost[kind][sizes[0]]) for kind in ("tree", "static", "compiled")]
+        print(f"{n:>4} " + " ".join(f"{ms:{w}.2f} {c:6.2f}" for (ms, c), w in zip(row, (8, 8, 9))))
 
     prompts = [p.ids for p in build_tasks(tok, ["code"], n=args.prompts)["code"]]
     outside, per_step = loop_overhead(target, prompts, args.max_new_tokens)

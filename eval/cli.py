@@ -90,6 +90,14 @@ def build_parser(description: str | None = None) -> Parser:
                                       "decoding (needs xgrammar: pip install 'draftkit[grammar]') (default: none)")
     ap.add_argument("--batch-sizes", help="comma list such as 1,4,16: also decode the first task's prompts in "
                                           "batches of these sizes (speedup over plain batched decoding, KV bytes)")
+    ap.add_argument("--compile", action="store_true",
+                    help="run the target's verify forward with static shapes (steps padded to buckets of 1, 2, 4, "
+                         "..., 64, then multiples of 64 rows; a fixed-size KV buffer and mask) compiled by "
+                         "torch.compile, CUDA graphs on a GPU, for plain decoding and every drafter alike (greedy "
+                         "output is unchanged). Each bucket compiles once, all of them before the timed runs (a "
+                         "warm-up of seconds to a minute per bucket on a CPU; with --batch-sizes, the larger buckets "
+                         "of each batch size too), so compile time is in no timing; drafters that run their own "
+                         "model (standalone, EAGLE) draft uncompiled (default: off)")
     add_drafter_flags(ap)
     preset = ap.add_mutually_exclusive_group()
     preset.add_argument("--quick", action="store_true", help="smoke run: " + ", ".join(

@@ -5,6 +5,7 @@
     python eval/compare.py --full --out eval/results     # the README's table (about 8 minutes)
     python eval/compare.py --drafters medusa,lookahead --prompts-file question.jsonl
     python eval/compare.py --tasks json                  # structured output: plain constrained decoding as baseline
+    python eval/compare.py --compile                     # every method's verify forward compiled (static shapes)
 
 With no model flags it runs on the shipped default models (zoo/). Plain decoding is
 always measured as the baseline, interleaved with every method, and transformers'
@@ -65,13 +66,16 @@ def build_methods(args, target, tokenizer, on_error=None):
             grammar = carry["grammar"]
             out = dk.generate(target, ids, drafter, max_new_tokens=n, sampling=sampling, budget=budget,
                               seed=args.seed + next(seed_counter), grammar=grammar, tokenizer=tokenizer,
-                              eos_token_id=[] if args.temperature > 0 and grammar is None else None)
+                              eos_token_id=[] if args.temperature > 0 and grammar is None else None,
+                              compile=args.compile)
             return out.tokens.tolist(), out.stats
 
         def new_task(first_ids, keep_memory: bool, grammar=None):
             carry.update(first=first_ids, keep=keep_memory, grammar=grammar)
 
         run.new_task = new_task
+        run.widest = 0 if drafter is None else drafter.budget_cap.max_nodes  # its largest tree (--compile's warm-up)
+        run.hidden = bool(getattr(drafter, "hidden_layers", ()))  # reads the target's features (a graph of its own)
         return run
 
     def memory(obj):
@@ -154,6 +158,8 @@ def run(args, target_path, tok, tasks, notes, started: float) -> int:
             total = (sum(len(p) for p in tasks.values()) * args.repeats + 1) * len(methods)
             with tqdm(total=total, desc="compare", unit="run") as bar:
                 first = next(iter(tasks.values()))[0].ids
+                if args.compile:
+                    compile_buckets(args, target, methods, tasks, bar)
                 warm_up(methods, first[::-1][:64], bar)  # reversed: text that no task continues
                 profiled: set[int] = set()
                 for task, prompts in tasks.items():
@@ -167,7 +173,7 @@ def run(args, target_path, tok, tasks, notes, started: float) -> int:
                     for row in task_rows(task, methods, res, greedy=args.temperature == 0, cost_curve=curve):
                         writer.add(row)
             if args.batch_size_list:
-                report["batches"] = batch_rows(args, target, next(iter(tasks.values())), bar)
+                report["batches"] = batch_rows(args, target, next(iter(tasks.values())), bar, methods)
     except KeyboardInterrupt:
         status = 130
         print("\ninterrupted: writing the rows finished so far", file=sys.stderr)
@@ -209,7 +215,29 @@ def torch_threads() -> int:
     return torch.get_num_threads()
 
 
-def batch_rows(args, target, prompts, bar) -> list[dict]:
+def widest(methods) -> int:
+    return max(getattr(m.run, "widest", 0) for m in methods)
+
+
+def hidden_kinds(methods) -> tuple[bool, ...]:
+    return tuple(sorted({getattr(m.run, "hidden", False) for m in methods}))
+
+
+def compile_buckets(args, target, methods, tasks, bar) -> None:
+    """--compile: every bucket a single-sequence step of this run can meet, compiled before anything is timed, on a
+    KV buffer as large as the longest prompt needs (kept on the model, so no later run recompiles)."""
+    from draftkit.verify.forward import warm_compiled
+    from draftkit.verify.packed import static_capacity
+
+    longest = max(len(p.ids) for prompts in tasks.values() for p in prompts)
+    t0 = time.perf_counter()
+    sizes = warm_compiled(target, static_capacity(longest, 1, args.max_new_tokens, widest(methods)),
+                          widest(methods) + 2, hidden_kinds(methods))
+    bar.write(f"compiled the verify forward for buckets {', '.join(map(str, sizes))} in "
+              f"{time.perf_counter() - t0:.0f} s (not timed)")
+
+
+def batch_rows(args, target, prompts, bar, methods) -> list[dict]:
     """--batch-sizes: the first task's prompts decoded in batches (eval/bench_batch.py), speedup over plain
     batched decoding of the same size and the KV bytes of each method, interleaved; one repeat each."""
     from draftkit.eval.bench_batch import run_batches
@@ -219,7 +247,14 @@ def batch_rows(args, target, prompts, bar) -> list[dict]:
     ids = (ids * (max(args.batch_size_list) // len(ids) + 1))[:max(args.batch_size_list)]
     bar.write(f"batches of {', '.join(map(str, args.batch_size_list))}: {', '.join(names)} and plain")
     budget = "auto" if args.budget == "both" else args.budget
-    return run_batches(target, ids, names, args.batch_size_list, args.max_new_tokens, 1, budget)
+    if args.compile:  # the largest batch's buckets (and buffer) hold every smaller batch's: all compiled untimed
+        from draftkit.verify.forward import warm_compiled
+        from draftkit.verify.packed import static_capacity
+
+        b, w = max(args.batch_size_list), widest(methods)
+        warm_compiled(target, static_capacity(sum(len(x) for x in ids[:b]), b, args.max_new_tokens, w),
+                      b * (w + 2), hidden_kinds(methods))
+    return run_batches(target, ids, names, args.batch_size_list, args.max_new_tokens, 1, budget, args.compile)
 
 
 def verify_curve(target, context: int, profiled: set[int]):

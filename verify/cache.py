@@ -17,6 +17,13 @@ the attention mask hides it (verify/tree.py).
 
 It is a transformers `Cache`, so any causal LM writes into it through its own
 attention layers (`model(..., cache=kv)`).
+
+Static shapes (`static=True`, the verifier's compiled forward): a forward writes its
+q new entries at the device positions `write_pos` (one `index_copy_` per layer, as
+transformers' StaticCache and gpt-fast do) and every layer returns the WHOLE
+capacity-wide buffer, so no shape and no Python int in the forward depends on how
+far the sequence has come; the attention mask, as wide as the buffer, hides what a
+row must not see. The host still keeps `lengths` and `pending` for the commit.
 """
 from __future__ import annotations
 
@@ -40,6 +47,13 @@ class BufferLayer(CacheLayerMixin):
         self.keys = key_states.new_zeros(b, h, cap, d)
         self.values = value_states.new_zeros(b, h, cap, value_states.shape[-1])
         self.is_initialized = True
+        self._mark_static()
+
+    def _mark_static(self) -> None:
+        """A static buffer on CUDA keeps its address for CUDA graphs (what StaticCache does)."""
+        if self.owner.static and self.keys.is_cuda:
+            torch._dynamo.mark_static_address(self.keys)
+            torch._dynamo.mark_static_address(self.values)
 
     def grow(self, capacity: int) -> None:
         if self.is_initialized and self.keys.shape[2] < capacity:
@@ -47,11 +61,16 @@ class BufferLayer(CacheLayerMixin):
             self.keys = torch.cat([self.keys, self.keys.new_zeros(*self.keys.shape[:2], pad, self.keys.shape[3])], 2)
             self.values = torch.cat([self.values, self.values.new_zeros(*self.values.shape[:2], pad,
                                                                         self.values.shape[3])], 2)
+            self._mark_static()
 
     def update(self, key_states, value_states, *args, **kwargs):
         """key_states (B, H_kv, q, D) -> all keys a query of this forward may see: (B, H_kv, W, D)."""
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
+        if self.owner.write_pos is not None:  # static shapes: device positions in, the whole buffer out
+            self.keys.index_copy_(2, self.owner.write_pos, key_states)
+            self.values.index_copy_(2, self.owner.write_pos, value_states)
+            return self.keys, self.values
         q = key_states.shape[2]
         start, width = self.owner.write_window(q)
         if isinstance(start, int):  # every row at the same length: one slice copy
@@ -65,6 +84,8 @@ class BufferLayer(CacheLayerMixin):
         return self.keys[:, :, :width], self.values[:, :, :width]
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        if self.owner.static:  # the keys a static forward returns: the whole buffer, whatever the step
+            return self.owner.capacity, 0
         return self.owner.get_seq_length() + query_length, 0
 
     def get_seq_length(self) -> int:
@@ -85,10 +106,13 @@ class KVBuffer(Cache):
     lengths: committed entries per row (host ints). pending: entries appended by forwards since
     the last commit, the same count for every row. capacity grows by doubling if a sequence
     outgrows it, so size it to prompt + new tokens + the largest tree to never grow.
+    static: forwards write at `write_pos` and see the whole buffer (the module docstring; one row).
     """
 
-    def __init__(self, num_layers: int, batch_size: int = 1, capacity: int = 256):
+    def __init__(self, num_layers: int, batch_size: int = 1, capacity: int = 256, static: bool = False):
         self.capacity = max(int(capacity), 1)
+        self.static = static
+        self.write_pos: torch.Tensor | None = None  # (q,) long on the device: a static forward's new entries
         super().__init__(layers=[BufferLayer(self) for _ in range(num_layers)])
         self.lengths = [0] * batch_size
         self.pending = 0
@@ -96,10 +120,10 @@ class KVBuffer(Cache):
         self._ragged_start = None
 
     @classmethod
-    def for_model(cls, model, batch_size: int = 1, capacity: int = 256) -> "KVBuffer":
+    def for_model(cls, model, batch_size: int = 1, capacity: int = 256, static: bool = False) -> "KVBuffer":
         cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
         n = getattr(cfg, "num_hidden_layers", None) or getattr(cfg, "n_layer")
-        return cls(int(n), batch_size, capacity)
+        return cls(int(n), batch_size, capacity, static)
 
     # -- the forward's view -------------------------------------------------------------------
     @property
@@ -134,10 +158,21 @@ class KVBuffer(Cache):
             for layer in self.layers:
                 layer.grow(capacity)
 
+    def static_window(self, q: int, device) -> int:
+        """Before a static forward of q rows: their positions, right after the committed and pending entries, go
+        to `write_pos` (one device op, no upload), the buffer grows if they would not fit. Returns the first."""
+        start = self.lengths[0] + self.pending
+        if start + q > self.capacity:
+            self.reserve(2 * (start + q))
+        self.write_pos = torch.arange(q, device=device) + start
+        self._q = q
+        return start
+
     def end_forward(self) -> None:
         """The forward in flight is done: its entries become pending."""
         self.pending += self._q
         self._q = 0
+        self.write_pos = None
         self._ragged_start = None
 
     # -- commit -------------------------------------------------------------------------------

@@ -73,7 +73,7 @@ def check_room(verifier, prompt_len: int, max_new_tokens: int) -> None:
 def generate(model, input_ids, drafter: Drafter | None = None, max_new_tokens: int = 64,
              sampling: Sampling | None = None, eos_token_id=None, seed: int | None = None,
              budget: BudgetPolicy | str = "auto", logits_processor=None, grammar=None, tokenizer=None,
-             jump_forward: bool = True) -> GenerationOutput:
+             jump_forward: bool = True, compile: bool = False) -> GenerationOutput:
     """Generate up to max_new_tokens after input_ids (1-D or (1, T)) with speculative decoding.
 
     eos_token_id: int, list or None (None: the model's generation_config; pass [] to never stop).
@@ -84,6 +84,9 @@ def generate(model, input_ids, drafter: Drafter | None = None, max_new_tokens: i
     own prefix as `generate` applies it (verify/constraints.py). grammar: a draftkit Grammar (or a JSON-schema
     dict) the output must follow; it needs `tokenizer` (the target's) to compile. jump_forward: commit the
     tokens the grammar forces without a forward.
+    compile: run the target's verify forward with static shapes (the step padded to a bucket of 1, 2, 4, ..., 64,
+    then multiples of 64 rows; a KV buffer and mask of fixed width) compiled by torch.compile, CUDA graphs on a
+    GPU. The first steps of each bucket pay its compile; the output is the same as without it.
     """
     from draftkit.verify.packed import generate_packed
 
@@ -91,4 +94,4 @@ def generate(model, input_ids, drafter: Drafter | None = None, max_new_tokens: i
     prompt = as_prompt(input_ids, vocab)
     return generate_packed(model, [prompt], [drafter or NoDrafter()], max_new_tokens, sampling, eos_token_id, seed,
                            budget, logprobs=False, logits_processor=logits_processor, grammar=grammar,
-                           tokenizer=tokenizer, jump_forward=jump_forward).outputs[0]
+                           tokenizer=tokenizer, jump_forward=jump_forward, compile=compile).outputs[0]

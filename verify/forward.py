@@ -6,10 +6,21 @@ trees and batches all take the same path (`Verifier.run`): the step's input
 (verify/step.py), a mask written in place, one forward. A model that gets tree
 attention wrong is caught by a one-time probe and limited to one sequence with
 chains, which then run with the model's own causal masking.
+
+Static shapes (`static_verifier`, `compile=True` in the API): the step's q rows are
+padded to a bucket (1, 2, 4, ..., 64, then multiples of 64; padding rows carry token
+0 at position 0, see only themselves, are never committed and their logits never
+read), the KV buffer returns its whole capacity (verify/cache.py) and the mask is
+(1, 1, bucket, capacity), so a forward's shapes depend only on its bucket and
+`torch.compile(dynamic=False)` compiles it once per bucket. transformers reads no
+Python int from the cache on this path (a 4D mask and position ids are given, so
+neither `get_seq_length` nor `get_mask_sizes` is called; the latter would report the
+capacity), and the write positions reach the layers as a device tensor.
 """
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 from draftkit.verify.cache import KVBuffer
 from draftkit.verify.contract import DraftTree
@@ -102,17 +113,40 @@ def context_limit(model) -> int | None:
     return getattr(cfg, "max_position_embeddings", None) or getattr(cfg, "n_positions", None)
 
 
+BUCKET_STEP = 64  # buckets grow by doubling up to this many rows, then by this many
+RECOMPILE_LIMIT = 64  # compiled graphs kept per model: one per bucket (and per capacity the buffer grew to)
+
+
+def bucket(q: int) -> int:
+    """The rows a static forward of q rows runs with: the next of 1, 2, 4, ..., 64, 128, 192, ..."""
+    return 1 << max(q - 1, 0).bit_length() if q <= BUCKET_STEP else -(-q // BUCKET_STEP) * BUCKET_STEP
+
+
+def compiled_forward(model):
+    """model.__call__ compiled with static shapes, once per model object (kept on it): CUDA graphs on a GPU
+    ("reduce-overhead"), inductor's default elsewhere."""
+    fn = getattr(model, "_draftkit_compiled", None)
+    if fn is None:
+        mode = "reduce-overhead" if model.device.type == "cuda" else None
+        fn = model._draftkit_compiled = torch.compile(model.__call__, dynamic=False, mode=mode)
+    return fn
+
+
 class Verifier:
     """Holds the target, its KV buffer (one row, shared by every lane of a batch), the owner of each
-    committed entry (a lane's index, or SHARED) and the mask buffer: the one forward path of the loop."""
+    committed entry (a lane's index, or SHARED) and the mask buffer: the one forward path of the loop.
+    static: every forward has the static shapes of the module docstring; compile: decoding steps then run
+    the compiled forward (the prefill, a one-off size, runs eagerly through the same static path)."""
 
-    def __init__(self, model, capacity: int = 256):
+    def __init__(self, model, capacity: int = 256, static: bool = False, compile: bool = False):
         self.model = model
         self.vocab_size = output_vocab(model)
         self.tree_ok = None  # probed before the first forward
         self.max_len = context_limit(model)
         self.masks = MaskBuffer(model.dtype, model.device)
-        self.kv = KVBuffer.for_model(model, capacity=capacity)
+        self.static = static or compile
+        self.compile = compile
+        self.kv = KVBuffer.for_model(model, capacity=capacity, static=self.static)
         self.owner = torch.full((max(capacity, 1),), SHARED, dtype=torch.long, device=model.device)
         self.peak_entries = 0
         self.peak_logits_bytes = 0
@@ -121,39 +155,83 @@ class Verifier:
     def cache_len(self) -> int:
         return self.kv.lengths[0]
 
+    def reset(self) -> None:
+        """Empty, for a new run on the same buffers."""
+        self.kv.reset()
+        self.owner.fill_(SHARED)
+        self.peak_entries = self.peak_logits_bytes = 0
+
+    def _check_tree_attention(self) -> None:
+        if self.tree_ok is None:
+            self.tree_ok = probe_tree_attention(self.model)
+        if not self.tree_ok:
+            hint = "static shapes (compile=True) need a 4D attention mask; run without compile" if self.static else \
+                "use a chain drafter (tree size 1 per depth) with this model, one sequence at a time"
+            raise TreeAttentionUnsupported(
+                f"{type(self.model).__name__} does not give correct logits under a 4D tree attention mask; {hint}")
+
     def _needs_mask(self, step: StepInputs) -> bool:
         """Whether the forward needs a 4D mask: not for one lane whose input is a chain on top of a cache it
         owns entirely (plain decoding, chain drafters), which runs with the model's own causal mask."""
         if len(step.pieces) == 1 and not step.branched and step.pieces[0].owner in (0, SHARED) \
                 and self.cache_len == step.pieces[0].position:
             return False
-        if self.tree_ok is None:
-            self.tree_ok = probe_tree_attention(self.model)
-        if not self.tree_ok:
-            raise TreeAttentionUnsupported(
-                f"{type(self.model).__name__} does not give correct logits under a 4D tree attention mask; "
-                "use a chain drafter (tree size 1 per depth) with this model, one sequence at a time")
+        self._check_tree_attention()
         return True
 
-    def run(self, step: StepInputs, hidden_layers: tuple[int, ...] = (), logits_to_keep: int | None = None):
+    def _past(self, step: StepInputs) -> torch.Tensor:
+        """(q, W) bool: the committed entries each new row sees (its own lane's and the SHARED ones)."""
+        owner = self.owner[:self.cache_len]  # (W,): each committed entry's lane
+        return (owner[None] == step.lane[:, None]) | (owner == SHARED)[None]
+
+    def run(self, step: StepInputs, hidden_layers: tuple[int, ...] = (), logits_to_keep: int | None = None,
+            prefill: bool = False):
         """One target forward over the step's q new rows on top of the cache. Returns logits (k, V) of the
         last k = logits_to_keep rows (default: all q) and the requested hidden-state layers, one (q, H) each,
-        or None. The q new entries stay pending until `commit_rows`."""
-        inputs = dict(input_ids=step.ids[None], logits_to_keep=logits_to_keep or step.q,
-                      output_hidden_states=bool(hidden_layers))
-        if self._needs_mask(step):
-            owner = self.owner[:self.cache_len]  # (W,): each committed entry's lane
-            past = (owner[None] == step.lane[:, None]) | (owner == SHARED)[None]  # (q, W)
-            inputs["attention_mask"] = self.masks.write(past, step.block)
-            inputs["position_ids"] = step.pos[None]
+        or None. The q new entries stay pending until `commit_rows`. prefill: the run's first forward of a
+        lane (static shapes: not padded, never compiled)."""
+        keep = logits_to_keep or step.q
+        inputs = dict(input_ids=step.ids[None], output_hidden_states=bool(hidden_layers))
+        forward = self.model
+        if self.static:
+            self._check_tree_attention()
+            forward = self._static_inputs(step, inputs, prefill)
+            inputs["logits_to_keep"] = keep if prefill else 0  # a bucket keeps all its rows: one shape
+        else:
+            inputs["logits_to_keep"] = keep
+            if self._needs_mask(step):
+                inputs["attention_mask"] = self.masks.write(self._past(step), step.block)
+                inputs["position_ids"] = step.pos[None]
         try:
-            out = self.model(cache=self.kv, use_cache=True, **inputs)
+            out = forward(cache=self.kv, use_cache=True, **inputs)
         finally:
             self.kv.end_forward()
         self.peak_entries = max(self.peak_entries, self.kv.lengths[0] + self.kv.pending)
         self.peak_logits_bytes = max(self.peak_logits_bytes, out.logits.numel() * out.logits.element_size())
-        states = tuple(out.hidden_states[i][0] for i in hidden_layers) if hidden_layers else None
-        return out.logits[0], states
+        states = tuple(out.hidden_states[i][0, :step.q] for i in hidden_layers) if hidden_layers else None
+        logits = out.logits[0, :step.q][-keep:] if self.static and not prefill else out.logits[0]
+        return logits, states
+
+    def _static_inputs(self, step: StepInputs, inputs: dict, prefill: bool):
+        """Pad the step to its bucket (the prefill: to itself) and write the capacity-wide mask; fills `inputs`
+        and returns the forward to call: the compiled one for a decoding step when compile is on."""
+        q, dev = step.q, self.model.device
+        b = q if prefill else bucket(q)
+        self.kv.static_window(b, dev)
+        block = torch.eye(b, dtype=torch.bool, device=dev)  # padding rows see only themselves
+        block[:q, :q] = step.block
+        past = F.pad(self._past(step), (0, 0, 0, b - q))  # (b, W): padding rows see no committed entry
+        inputs["attention_mask"] = self.masks.write_static(past, block, self.kv.capacity)
+        inputs["input_ids"] = F.pad(step.ids, (0, b - q))[None]
+        inputs["position_ids"] = F.pad(step.pos, (0, b - q))[None]
+        if prefill or not self.compile or not self.kv.layers[0].is_initialized:
+            return self.model
+        compiled = compiled_forward(self.model)
+
+        def forward(**kw):  # a graph per bucket: more than dynamo keeps per function by default
+            with torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT):
+                return compiled(**kw)
+        return forward
 
     def commit_rows(self, step: StepInputs, keep: torch.Tensor, keep_host: list[int]) -> None:
         """Keep the pending rows `keep` (K,) long on the device, ascending (keep_host: the same on the host),
@@ -174,9 +252,42 @@ class Verifier:
         (one (m + n, H) tensor each) or None. The m + n new entries stay pending; `commit` next.
         """
         step = StepInputs([Piece(0, self.cache_len, prefix, tree.validate())], self.model.device)
-        logits, states = self.run(step, hidden_layers, len(tree) + 1)
+        logits, states = self.run(step, hidden_layers, len(tree) + 1, prefill=self.cache_len == 0)
         return logits, states
 
     def commit(self, prefix_len: int, accepted: list[int]) -> None:
         """Keep the prefix and the accepted nodes' entries; O(accepted) copies at most."""
         self.kv.commit(list(range(prefix_len)) + [prefix_len + a for a in accepted])
+
+
+def static_verifier(model, capacity: int, compile: bool = False) -> Verifier:
+    """The model's static-shaped verifier, emptied for a run of up to `capacity` entries. It is kept on the model
+    (as transformers keeps a StaticCache): every run reuses its buffers, so a compiled forward meets the shapes
+    (and, under CUDA graphs, the addresses) it was compiled for. Its capacity only grows, to powers of two."""
+    ver = getattr(model, "_draftkit_static", None)
+    if ver is None or ver.kv.capacity < capacity or ver.masks.device != model.device or ver.masks.dtype != model.dtype:
+        ver = model._draftkit_static = Verifier(model, 1 << max(capacity - 1, 1).bit_length(), static=True)
+    ver.reset()
+    ver.compile = compile
+    return ver
+
+
+@torch.no_grad()
+def warm_compiled(model, capacity: int, max_rows: int, hidden: tuple[bool, ...] = (False,)) -> list[int]:
+    """Compile, before anything is timed, every bucket a run of up to `capacity` KV entries and steps of up to
+    `max_rows` rows can meet: one dummy forward per bucket on the model's static verifier (its buffer is sized
+    to `capacity` here and kept). hidden: with and/or without hidden states (drafters that read the target's
+    features ask for them: a graph of its own, which transformers' output hooks break in pieces). Returns the
+    buckets."""
+    ver = static_verifier(model, capacity, compile=True)
+    dev = model.device
+    ver.forward(torch.zeros(1, dtype=torch.long, device=dev), DraftTree.empty(dev))  # the prefill: eager
+    ver.commit(1, [])
+    sizes = sorted({bucket(q) for q in range(1, max_rows + 1)})
+    for b in sizes:  # the root and a chain of b - 1 nodes: exactly b rows
+        for h in hidden:
+            ver.forward(torch.zeros(1, dtype=torch.long, device=dev), DraftTree.chain([0] * (b - 1), device=dev),
+                        (-1,) if h else ())
+            ver.kv.drop_pending()
+    ver.reset()
+    return sizes

@@ -35,12 +35,12 @@ from draftkit.verify.constraints import make_constraint
 from draftkit.verify.cache import KVBuffer
 from draftkit.verify.contract import Budget, DecodeState, DraftTree, StepResult
 from draftkit.verify.decode import GenerationOutput, as_prompt, check_room, eos_set, finish
-from draftkit.verify.forward import Verifier
+from draftkit.verify.forward import Verifier, bucket, static_verifier
 from draftkit.verify.stats import DecodeStats, StepStats
 from draftkit.verify.step import SHARED, Piece, StepInputs, read_walks, walk_tree
 from draftkit.verify.timing import clock_for
 
-__all__ = ["SHARED", "Lane", "PackedOutput", "generate_packed", "kv_entries_independent"]
+__all__ = ["SHARED", "Lane", "PackedOutput", "generate_packed", "kv_entries_independent", "static_capacity"]
 
 
 @dataclass
@@ -100,16 +100,17 @@ def _propose(lane: Lane, ver: Verifier, sampling: Sampling, max_new_tokens: int,
 
 
 def _verify(ver: Verifier, lanes: list[Lane], trees: list[DraftTree], roots: list[int] | None, sampling, gen,
-            layers, logits_to_keep=None, checks=None):
+            layers, logits_to_keep=None, checks=None, prefill=False):
     """One forward over the lanes' pending tokens and trees, the acceptance walks, ONE read. `roots`: the
     logits row of each lane's root when lanes share a piece (best-of-N's prefill); None: one piece per lane.
-    checks: per lane, its ConstrainedStep (trees are then their forward trees) or None.
+    checks: per lane, its ConstrainedStep (trees are then their forward trees) or None. prefill: the lanes' first
+    forward (Verifier.run)
     Returns (step, logits, hidden, walks, results, top1 of every row)."""
     shared = roots is not None
     pieces = [Piece(SHARED, 0, lanes[0].pending, trees[0])] if shared else \
         [Piece(ln.index, ln.position, ln.pending, tree) for ln, tree in zip(lanes, trees)]
     step = StepInputs(pieces, ver.model.device)  # the step's one upload
-    logits, hidden = ver.run(step, layers, logits_to_keep)
+    logits, hidden = ver.run(step, layers, logits_to_keep, prefill)
     skip = step.q - logits.shape[0]  # rows whose logits were not kept
     width = step.max_depth
     top1 = logits.argmax(-1)  # (k,): greedy's choice, and what lookahead learns from
@@ -127,16 +128,24 @@ def _verify(ver: Verifier, lanes: list[Lane], trees: list[DraftTree], roots: lis
     return step, logits, hidden, walks, results, top1
 
 
+def static_capacity(stored: int, lanes: int, max_new_tokens: int, widest: int) -> int:
+    """KV entries a static run needs: the stored prompts, each lane's new tokens and widest tree (and its root and
+    a forced token), and the padding of the largest bucket a step of all lanes can reach."""
+    return stored + lanes * (max_new_tokens + widest + 2) + bucket(lanes * (widest + 2))
+
+
 @torch.no_grad()
 def generate_packed(model, prompts, drafters, max_new_tokens: int = 64, sampling: Sampling | None = None,
                     eos_token_id=None, seed: int | None = None, budget="auto",
                     shared_prompt: bool = False, logprobs: bool = True, logits_processor=None, grammar=None,
-                    tokenizer=None, jump_forward: bool = True) -> PackedOutput:
+                    tokenizer=None, jump_forward: bool = True, static: bool = False,
+                    compile: bool = False) -> PackedOutput:
     """Decode len(drafters) lanes together. shared_prompt: every lane continues prompts[0], stored once
     (best-of-N); otherwise lane i continues prompts[i] (a batch of prompts of any lengths). logprobs: keep
     the target's log-probability of every generated token (read once per lane at the end).
     logits_processor, grammar, tokenizer, jump_forward: each lane's constraint (verify/decode.generate); each
-    lane follows the grammar with a matcher of its own."""
+    lane follows the grammar with a matcher of its own. static: the target's forwards run with static shapes
+    (verify/forward.py); compile: and compiled with torch.compile, one graph per bucket (implies static)."""
     sampling = sampling or Sampling()
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
@@ -153,7 +162,8 @@ def generate_packed(model, prompts, drafters, max_new_tokens: int = 64, sampling
     widest = max(p.cap.max_nodes for p in policies)
     deepest = max(p.cap.max_depth for p in policies)
     stored = prompts[0].numel() if shared_prompt else sum(p.numel() for p in prompts)
-    ver = Verifier(model, capacity=stored + n * (max_new_tokens + widest + 2))
+    ver = static_verifier(model, static_capacity(stored, n, max_new_tokens, widest), compile) if static or compile \
+        else Verifier(model, capacity=stored + n * (max_new_tokens + widest + 2))
     for p in prompts:
         check_room(ver, p.numel(), max_new_tokens)
     eos = eos_set(model, eos_token_id)
@@ -182,7 +192,7 @@ def generate_packed(model, prompts, drafters, max_new_tokens: int = 64, sampling
         checks = [ln.constraint.prepare(e, ln.prompt) if ln.constraint else None for ln, e in zip(group, empty)]
         step, logits, hidden, walks, results, _ = _verify(ver, group, empty, [m - 1] * len(group) if shared_prompt
                                                           else None, sampling, gen, layers, logits_to_keep=1,
-                                                          checks=checks)
+                                                          checks=checks, prefill=True)
         keep = torch.arange(m, device=model.device)
         ver.commit_rows(step, keep, list(range(m)))
         for ln, w, (_, _, first) in zip(group, walks, results):
@@ -256,7 +266,7 @@ def generate_packed(model, prompts, drafters, max_new_tokens: int = 64, sampling
         outs.append(GenerationOutput(seq[ln.prompt.numel():], seq, ln.stats, lossless=sampling.lossless))
     committed = ver.kv.lengths[0]
     draft_kv = sum(d.cache.nbytes() for d in drafters if isinstance(getattr(d, "cache", None), KVBuffer))
-    buffers = ver.masks.buf.numel() * ver.masks.buf.element_size() + ver.peak_logits_bytes
+    buffers = ver.masks.nbytes() + ver.peak_logits_bytes
     logps = [[float(x) for x in sync.to_host(torch.cat(ln.logp))] if ln.logp else [] for ln in lanes]
     return PackedOutput(outs, logps, committed, ver.peak_entries, ver.kv.nbytes(), ver.kv.used_bytes(), draft_kv,
                         buffers)

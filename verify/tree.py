@@ -52,6 +52,7 @@ class MaskBuffer:
         self.min = torch.finfo(dtype).min
         self.buf = torch.zeros(1, 1, 0, 0, dtype=dtype, device=self.device)
         self.dirty: list[tuple[int, int, int, int]] = []  # (row, q, first column, end column)
+        self.static: dict[tuple[int, int], torch.Tensor] = {}  # (bucket, capacity) -> its (1, 1, b, capacity) mask
 
     def _room(self, batch: int, q: int, width: int) -> None:
         b, _, rows, cols = self.buf.shape
@@ -76,7 +77,6 @@ class MaskBuffer:
             self.dirty.append((row, q, start, width))
         return self.buf[:len(past), :, :q, :width]
 
-
     def write(self, past: torch.Tensor, block: torch.Tensor) -> torch.Tensor:
         """One row: past (q, W) bool (which committed entries each new token sees), block (q, q) bool (which
         new tokens). Returns the (1, 1, q, W + q) mask, written in place."""
@@ -89,6 +89,23 @@ class MaskBuffer:
         view[:, w:].masked_fill_(~block, self.min)
         self.dirty = [(0, q, 0, w + q)]
         return self.buf[:1, :, :q, :w + q]
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in [self.buf, *self.static.values()])
+
+    def write_static(self, past: torch.Tensor, block: torch.Tensor, capacity: int) -> torch.Tensor:
+        """One row, static shapes: past (b, W) bool, block (b, b) bool for the b rows of a bucket. Returns the
+        (1, 1, b, capacity) mask, rewritten in place in a buffer of its own per shape (fixed strides and address,
+        so a compiled forward neither recompiles nor, on CUDA, copies it); columns from W + b on are hidden."""
+        b, w = past.shape
+        buf = self.static.get((b, capacity))
+        if buf is None:
+            buf = self.static[(b, capacity)] = torch.empty(1, 1, b, capacity, dtype=self.dtype, device=self.device)
+        view = buf[0, 0]
+        view.fill_(self.min)
+        view[:, :w].masked_fill_(past, 0)
+        view[:, w:w + b].masked_fill_(block, 0)
+        return buf
 
 
 def positions(past: list[int], offsets: torch.Tensor) -> torch.Tensor:
