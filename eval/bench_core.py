@@ -14,7 +14,8 @@ Prints:
     bucket compiles before the timed rounds);
  2. the loop's own time per decoding step outside model forwards (plain decoding);
  3. the share of each step spent drafting for EAGLE-2, EAGLE-3 and the standalone draft (fixed budgets);
- 4. plain decoding through draftkit against transformers' `generate`, interleaved;
+ 4. plain decoding through draftkit, eager and with compile=True, against transformers' `generate`, eager
+    and with a static cache and its forward compiled, interleaved (compiles happen in an untimed warm-up);
  5. host <-> device transfers per step (eval/syncs.py): the loop's own (one upload, one read) and
     each drafter's, per decoding step of one prompt (per-run transfers included).
 """
@@ -32,12 +33,13 @@ import torch  # noqa: E402
 from transformers import DynamicCache  # noqa: E402
 
 import draftkit as dk  # noqa: E402
-from draftkit.eval.measure import Method, measure, median_spread, speedups  # noqa: E402
-from draftkit.eval.peers import hf_plain  # noqa: E402
+from draftkit.eval.measure import Method, measure, median_spread, speedups, warm_up  # noqa: E402
+from draftkit.eval.peers import hf_plain, hf_static_compiled  # noqa: E402
 from draftkit.eval.syncs import SyncCounter  # noqa: E402
 from draftkit.eval.tasks import build_tasks  # noqa: E402
 from draftkit.verify.contract import DraftTree  # noqa: E402
 from draftkit.verify.forward import Verifier, static_verifier, warm_compiled  # noqa: E402
+from draftkit.verify.packed import static_capacity  # noqa: E402
 
 
 def bushy(n: int, vocab: int) -> DraftTree:
@@ -193,15 +195,26 @@ def main(argv=None):
         print(f"   {name:12} {100 * share:5.1f}% of each step drafting, tau {tau:.2f}")
 
     n = args.max_new_tokens
-    methods = [Method("plain (draftkit)", lambda ids: (lambda o: (o.tokens.tolist(), o.stats))(
-        dk.generate(target, ids, max_new_tokens=n, eos_token_id=[]))),
-        Method("hf generate", hf_plain(target, n, None), "peer")]
+
+    def ours(compile):
+        return lambda ids: (lambda o: (o.tokens.tolist(), o.stats))(
+            dk.generate(target, ids, max_new_tokens=n, eos_token_id=[], compile=compile))
+    methods = [Method("draftkit", ours(False)), Method("draftkit compile=True", ours(True)),
+               Method("hf generate", hf_plain(target, n, None), "peer"),
+               Method("hf generate static+compiled", hf_static_compiled(target, n, None), "peer")]
+    # compiles, untimed: draftkit's buckets at the capacity the longest prompt needs (the buffer only grows, so
+    # shorter prompts meet the same shapes), transformers' forward (its static cache is sized per call)
+    warm_compiled(target, static_capacity(max(len(ids) for ids in prompts), 1, n, 0), 1)
+    warm_up(methods, prompts[0][::-1][:64])
     res = measure(methods, prompts, args.repeats)
-    sp, lo, hi = median_spread(speedups(res["plain (draftkit)"], res["hf generate"]))
-    same = sum(a == b for a, b in zip(res["plain (draftkit)"].outputs, res["hf generate"].outputs))
-    print(f"\n4. plain decoding through draftkit / transformers generate: {sp:.2f}x [{lo:.2f}-{hi:.2f}] "
-          f"({statistics.median(res['plain (draftkit)'].tokens_per_s):.0f} vs "
-          f"{statistics.median(res['hf generate'].tokens_per_s):.0f} tok/s; identical outputs {same}/{len(prompts)})")
+    base = res["hf generate"]
+    print(f"\n4. plain decoding, interleaved (tokens/s, median over {args.repeats} repeats; speedup over "
+          "transformers' eager generate; outputs identical to it)")
+    for m in methods:
+        sp, lo, hi = median_spread(speedups(res[m.name], base))
+        same = sum(a == b for a, b in zip(res[m.name].outputs, base.outputs))
+        print(f"   {m.name:28} {statistics.median(res[m.name].tokens_per_s):7.1f} tok/s  {sp:.2f}x "
+              f"[{lo:.2f}-{hi:.2f}]  {same}/{len(prompts)}")
 
     print("\n5. host transfers per step (fixed budgets, one prompt; per-run transfers included)")
     for name, c in transfers(target, tok, prompts[0], args.max_new_tokens).items():

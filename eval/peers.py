@@ -23,6 +23,23 @@ def hf_plain(model, max_new_tokens: int, eos_token_id):
     return lambda ids: (_run(model, ids, max_new_tokens, eos_token_id), None)
 
 
+def hf_static_compiled(model, max_new_tokens: int, eos_token_id):
+    """`generate` with a static cache and the model's forward compiled with static shapes: transformers' own
+    fastest plain decoding. The compiled forward is made once per model and swapped in for each call only."""
+    compiled = getattr(model, "_draftkit_hf_compiled", None)
+    if compiled is None:
+        compiled = model._draftkit_hf_compiled = torch.compile(model.forward, dynamic=False)
+
+    def run(ids):
+        eager = model.forward
+        model.forward = compiled
+        try:
+            return _run(model, ids, max_new_tokens, eos_token_id, cache_implementation="static"), None
+        finally:
+            model.forward = eager
+    return run
+
+
 def hf_assisted(model, draft, k: int, max_new_tokens: int, eos_token_id):
     draft.generation_config.num_assistant_tokens = k
     draft.generation_config.num_assistant_tokens_schedule = "constant"
