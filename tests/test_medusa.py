@@ -341,3 +341,29 @@ def test_train_medusa2_greedy_equals_merged_target(tiny_setup, tmp_path, wandb_o
     assert changed, "the merged Medusa-2 target should differ from the original"
     assert_greedy_equal(target, drafter, prompts_for(target.config.vocab_size), [1, 6, 20])
     assert load_target_with_adapter(str(tiny_setup / "target"), original) is original  # no adapter: unchanged
+
+
+def test_head_outputs_pair_each_position_with_the_token_k_plus_2_ahead_and_subsample_those_pairs():
+    """Every pair (h_t, x_{t+k+2}) that is trained on, checked against a direct loop; a subsample of positions
+    keeps only pairs of the full set (the same pairing), about the asked fraction of them."""
+    from draftkit.train.medusa import head_outputs
+
+    torch.manual_seed(0)
+    B, T, H, V, K = 2, 12, 8, 16, 3
+    heads = MedusaHeads(H, V, num_heads=K)
+    hidden, tokens = torch.randn(B, T, H), torch.randint(0, V, (B, T))
+    mask = torch.rand(B, T) > 0.3
+    full = head_outputs(heads, hidden, tokens, mask)
+    with torch.no_grad():
+        for k, (logits, labels) in enumerate(full):
+            want = [(b, t) for b in range(B) for t in range(T - k - 2) if mask[b, t + k + 1]]
+            assert labels.tolist() == [int(tokens[b, t + k + 2]) for b, t in want]
+            ref = torch.stack([heads.head_logits(k, hidden[b, t]) for b, t in want])
+            assert torch.allclose(logits, ref, atol=1e-5)
+    torch.manual_seed(1)
+    half = head_outputs(heads, hidden, tokens, mask, positions=0.5)
+    with torch.no_grad():
+        for (logits, labels), (f_logits, f_labels) in zip(half, full):
+            rows = {tuple(r.round(decimals=4).tolist()) for r in f_logits}
+            assert 0 < len(labels) < len(f_labels)
+            assert all(tuple(r.round(decimals=4).tolist()) in rows for r in logits)

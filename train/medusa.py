@@ -61,6 +61,10 @@ class MedusaConfig(TargetDataConfig):
     kl_weight: float = field(1.0, "medusa2: weight of the target's own loss (KL or LM)")
     head_weight: float = field(0.2, "medusa2: weight of the head losses")
     head_decay: float = field(0.8, "medusa2: head k's loss is scaled by head_decay ** k")
+    loss_positions: float = field(1.0, "fraction of each row's positions whose head losses a step computes, drawn "
+                                       "at random every step (the heads see one position at a time, so a step "
+                                       "costs about this fraction: four 8192-way projections per position "
+                                       "dominate it); 1.0: every position")
     eval_top_k: int = field(10, "top-k accuracies measured per head (the tree's widest rank)")
     tree_size: int = field(32, "nodes in the Medusa tree built from the held-out accuracies")
     output_dir: str = shared("output_dir", "runs/medusa1")
@@ -77,6 +81,8 @@ class MedusaConfig(TargetDataConfig):
             raise TrainError(f"target_loss must be 'kl' or 'lm', got {self.target_loss!r}")
         if self.seq_len < self.num_heads + 3:
             raise TrainError(f"seq_len {self.seq_len} is too short for {self.num_heads} heads")
+        if not 0 < self.loss_positions <= 1:
+            raise TrainError(f"loss_positions must be in (0, 1], got {self.loss_positions}")
         if self.mode == "medusa2" and self.data_mode == "cached":
             raise TrainError("medusa2 fine-tunes the target, so its outputs cannot be stored ahead: use --data_mode online")
 
@@ -84,26 +90,34 @@ class MedusaConfig(TargetDataConfig):
 # ----------------------------------------------------------------------------- losses and metrics
 
 
-def head_outputs(heads, hidden: torch.Tensor, tokens: torch.Tensor, mask: torch.Tensor | None = None):
+def head_outputs(heads, hidden: torch.Tensor, tokens: torch.Tensor, mask: torch.Tensor | None = None,
+                 positions: float = 1.0):
     """Per head k: (logits (N, V), labels (N,)) pairing h_t with x_{t+k+2} where that token is trained on.
-    hidden (B, T, H), tokens (B, T), mask (B, T) bool: token t + 1 is trained on (None: all)."""
-    logits = heads(hidden)  # (K, B, T, V): one call, so a DDP-wrapped module syncs its gradients
+    hidden (B, T, H), tokens (B, T), mask (B, T) bool: token t + 1 is trained on (None: all). positions < 1:
+    only that fraction of the positions t, drawn at random (the same for every head and row), is projected:
+    an unbiased sample of the loss at a fraction of the cost."""
+    T = tokens.shape[1]
+    pos = torch.arange(T - 2, device=hidden.device)  # positions t whose x_{t+2} lies in the row
+    if positions < 1.0:
+        pos = pos[torch.randperm(T - 2, device=hidden.device)[:max(1, round((T - 2) * positions))]].sort().values
+    logits = heads(hidden[:, pos])  # (K, B, P, V): one call, so a DDP-wrapped module syncs its gradients
     out = []
     for k in range(logits.shape[0]):
-        n = tokens.shape[1] - k - 2
-        lk, yk = logits[k, :, :n], tokens[:, k + 2:]
+        t = pos + k + 2  # (P,) the label's index
+        valid = t < T
+        lk, yk = logits[k][:, valid], tokens[:, t[valid]]
         if mask is not None:
-            keep = mask[:, k + 1:k + 1 + n]  # x_{t+k+2} is trained on
+            keep = mask[:, t[valid] - 1]  # x_{t+k+2} is trained on
             out.append((lk[keep], yk[keep]))
         else:
             out.append((lk.reshape(-1, logits.shape[-1]), yk.reshape(-1)))
     return out
 
 
-def head_losses(heads, hidden, tokens, mask=None, top: int = 5):
+def head_losses(heads, hidden, tokens, mask=None, top: int = 5, positions: float = 1.0):
     """(losses per head, {metric: value}) with top-1 / top-`top` accuracy per head."""
     losses, metrics = [], {}
-    for k, (logits, labels) in enumerate(head_outputs(heads, hidden, tokens, mask)):
+    for k, (logits, labels) in enumerate(head_outputs(heads, hidden, tokens, mask, positions)):
         loss = F.cross_entropy(logits.float(), labels)
         losses.append(loss)
         with torch.no_grad():
@@ -253,14 +267,14 @@ def main(argv=None):
                     own = kl_to_reference(out.logits, reference)
                 else:
                     own = F.cross_entropy(out.logits[:, :-1].reshape(-1, vocab).float(), batch[:, 1:].reshape(-1))
-                losses, hm = head_losses(heads, out.hidden_states[-1], batch, mask)
+                losses, hm = head_losses(heads, out.hidden_states[-1], batch, mask, positions=cfg.loss_positions)
                 head_total = sum(cfg.head_decay ** k * cfg.head_weight * l for k, l in enumerate(losses))
                 metrics[f"target_{cfg.target_loss}"] = own.detach()
                 metrics["head_loss_weighted"] = head_total.detach()
                 loss = cfg.kl_weight * own + head_total
             else:
                 b = data.batch(i)  # the stored final hidden state: no target forward
-                losses, hm = head_losses(heads, b.last, b.ids, b.loss_mask)
+                losses, hm = head_losses(heads, b.last, b.ids, b.loss_mask, positions=cfg.loss_positions)
                 loss = sum(losses)
             return loss, {**metrics, **hm, "head_loss": sum(l.item() for l in losses)}
 
