@@ -25,7 +25,9 @@ def hf_plain(model, max_new_tokens: int, eos_token_id):
 
 def hf_static_compiled(model, max_new_tokens: int, eos_token_id):
     """`generate` with a static cache and the model's forward compiled with static shapes: transformers' own
-    fastest plain decoding. The compiled forward is made once per model and swapped in for each call only."""
+    fastest plain decoding. The compiled forward is made once per model and swapped in for each call only.
+    Each prompt length compiles a prefill graph of its own (and the decoding step one more), more than dynamo
+    keeps per function by default: the limit is raised for these calls, and callers warm up on every length."""
     compiled = getattr(model, "_draftkit_hf_compiled", None)
     if compiled is None:
         compiled = model._draftkit_hf_compiled = torch.compile(model.forward, dynamic=False)
@@ -34,7 +36,8 @@ def hf_static_compiled(model, max_new_tokens: int, eos_token_id):
         eager = model.forward
         model.forward = compiled
         try:
-            return _run(model, ids, max_new_tokens, eos_token_id, cache_implementation="static"), None
+            with torch._dynamo.config.patch(recompile_limit=64):
+                return _run(model, ids, max_new_tokens, eos_token_id, cache_implementation="static"), None
         finally:
             model.forward = eager
     return run
