@@ -87,7 +87,7 @@ def zoo():
     pytest.param("ebnf", None, marks=pytest.mark.slow),
 ])
 def test_shipped_drafters_under_a_grammar_equal_plain_constrained_decoding(zoo, kind, names):
-    """The shipped target and every shipped drafter (None: all of them; P-EAGLE and DFlash are not shipped yet):
+    """The shipped target and every shipped drafter (None: all of them):
     greedy output equals plain constrained decoding, which equals transformers' generate with xgrammar's own
     logits processor."""
     import draftkit as dk

@@ -24,8 +24,12 @@ def sampled(target, drafter, prompt, seed: int) -> list[int]:
 
 
 def drafter_for(name: str, target):
-    """The shipped drafter, or for the one-forward drafters not shipped yet a randomly initialised draft."""
+    """The shipped drafter, or for a one-forward drafter the zoo does not hold a randomly initialised draft."""
+    from draftkit.zoo import available
+
     torch.manual_seed(0)
+    if name in available():
+        return dk.make_drafter(name, target)
     if name == "peagle":
         from draftkit.drafters.peagle import PEagleDrafter, make_peagle_draft
 
