@@ -239,3 +239,14 @@ def test_a_drafter_that_pays_is_interrupted_only_to_measure_the_plain_step():
         policy.observe(StepStats(8 if b.max_depth else 0, b.max_depth, b.max_depth, 2, 0.0005, verify), 100)
     plain = [i for i, d in enumerate(given) if d == 0]
     assert plain[0] == ctl.PLAIN_FIRST and len(plain) <= 2 + 300 // ctl.PLAIN_EVERY
+
+
+def test_a_lane_s_share_of_a_batch_step_is_not_taken_for_a_plain_step():
+    """In a batch of 4, a lane that drafted nothing is charged 1 row of the forward: a quarter of a plain step.
+    Taken as its plain step, it would make the lane's own drafting look four times dearer than it is."""
+    profile = flat(0.05, plain_s=0.01)
+    policy = AutoBudget(None, Budget(1, 8), profile=profile, cache_profile=False)
+    policy.observe(StepStats(0, 0, 0, 1, 0.0, profile.plain_s / 4, lanes=4), 100)
+    assert policy.plain_s is None
+    policy.observe(StepStats(0, 0, 0, 1, 0.0, profile.plain_s, lanes=1), 100)
+    assert policy.plain_s == pytest.approx(profile.plain_s)

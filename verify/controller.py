@@ -354,8 +354,9 @@ class AutoBudget:
             return
         self._lanes = step.lanes
         if not step.drafted:  # a plain step measures t_plain itself
-            self._drafted_run = 0
-            self.plain_s = step.verify_s if self.plain_s is None else 0.9 * self.plain_s + 0.1 * step.verify_s
+            if step.lanes == 1:  # in a batch, a lane's share of the forward (1 row of q) is no plain step's
+                self._drafted_run = 0  # cost: taken as one, it made every lane's drafting look q times dearer
+                self.plain_s = step.verify_s if self.plain_s is None else 0.9 * self.plain_s + 0.1 * step.verify_s
             return
         self._drafted_run += 1
         self.acceptance.observe(step.depth, step.accepted)
