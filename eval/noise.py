@@ -1,8 +1,10 @@
 """How far a run's own timings can be trusted: every speedup assumes a machine that does nothing else.
 
 Three signals, each measured by the run itself:
-- the load average (os.getloadavg, one minute) before the run and after it, less the run's own threads: other
-  work competing for the cores;
+- the cores other processes keep busy just before the run and just after it (a half-second sample of
+  /proc/stat less this process's own CPU time), or where that cannot be read the one-minute load average less
+  the run's own threads (which lags: it still holds a run that ended a minute ago): other work competing for
+  the cores;
 - the CPU time the process got per second of wall time: under half a core means it waited for the CPU;
 - the spread of plain decoding's time for the same prompt across repeats: the same work taking very different
   times is noise that no speedup can be read through.
@@ -22,14 +24,40 @@ MIN_CPU_PER_WALL = 0.5  # the process got less than half a core
 MAX_SPREAD = 0.25  # plain decoding's slowest repeat of a prompt over its fastest, minus 1
 
 
-def free_cores(cores: int | None = None, load: float | None = None) -> int:
-    """Cores not busy with other work: the core count less the one-minute load average (rounded), at least 1.
-    A torch forward on CPU waits at the end of every parallel op for its slowest thread; a thread that shares
-    its core with other work stalls every op, so on a shared machine fewer threads run faster (measured on 2
-    cores with other work on both: plain decoding 6-11 tokens/s with 2 threads, 33 with 1)."""
+def busy_elsewhere(seconds: float = 0.5) -> float | None:
+    """Cores other processes kept busy over a short sample: the machine's busy time (Linux /proc/stat) less
+    this process's own CPU time, per second of the sample. None where /proc/stat cannot be read. Sharper than
+    the one-minute load average, which still holds a run that just ended for about a minute."""
+    def sample():
+        with open("/proc/stat") as fh:
+            ticks = [int(x) for x in fh.readline().split()[1:]]
+        own = os.times()
+        return sum(ticks), ticks[3] + (ticks[4] if len(ticks) > 4 else 0), own.user + own.system, time.monotonic()
+
+    try:
+        total0, idle0, own0, t0 = sample()
+        time.sleep(seconds)
+        total1, idle1, own1, t1 = sample()
+    except (OSError, ValueError, IndexError):
+        return None
+    if total1 <= total0 or t1 <= t0:
+        return None
+    busy = (1 - (idle1 - idle0) / (total1 - total0)) * (os.cpu_count() or 1)  # cores busy, this process included
+    return max(0.0, busy - (own1 - own0) / (t1 - t0))
+
+
+def free_cores(cores: int | None = None, busy: float | None = None) -> int:
+    """Cores not busy with other work: the core count less the cores other work keeps busy (busy_elsewhere, or
+    the one-minute load average where that cannot be read), rounded, at least 1. A torch forward on CPU waits at
+    the end of every parallel op for its slowest thread; a thread that shares its core with other work stalls
+    every op, so on a shared machine fewer threads run faster (measured on 2 cores with other work on both:
+    plain decoding 6-11 tokens/s with 2 threads, 33 with 1)."""
     cores = cores or os.cpu_count() or 1
-    load = load_average() if load is None else load
-    return cores if load is None else max(1, min(cores, cores - round(load)))
+    if busy is None:
+        busy = busy_elsewhere()
+    if busy is None:
+        busy = load_average()
+    return cores if busy is None else max(1, min(cores, cores - round(busy)))
 
 
 def pick_threads(spec: str) -> tuple[int, str | None]:
@@ -45,11 +73,15 @@ def pick_threads(spec: str) -> tuple[int, str | None]:
         if n < 1:
             raise ValueError(f"--threads must be a positive count or auto, got {spec!r}")
         return n, None
-    default, load = torch.get_num_threads(), load_average()
-    n = min(default, free_cores(load=load))
-    note = None if n == default else (f"note: {n} torch thread(s) instead of {default}: the load average was "
-                                      f"{load:.1f} on {os.cpu_count()} cores at the start (other work); pass "
-                                      f"--threads {default} to keep them all")
+    default = torch.get_num_threads()
+    busy = busy_elsewhere()
+    source = "other processes kept {:.1f} cores busy" if busy is not None else "the load average was {:.1f}"
+    if busy is None:
+        busy = load_average()
+    n = min(default, free_cores(busy=busy)) if busy is not None else default
+    note = None if n == default else (f"note: {n} torch thread(s) instead of {default}: {source.format(busy)} "
+                                      f"of {os.cpu_count()} cores at the start; pass --threads {default} to keep "
+                                      "them all")
     return n, note
 
 
@@ -67,17 +99,21 @@ class Probe:
     threads: int  # the threads the run computes with (its own share of the load average)
     cores: int = field(default_factory=lambda: os.cpu_count() or 1)
     load: Callable[[], float | None] | None = None  # default: load_average
+    busy: Callable[[], float | None] | None = None  # default: busy_elsewhere
     wall: Callable[[], float] = time.perf_counter
     cpu: Callable[[], float] = time.process_time
 
     def __post_init__(self):
-        self.load = self.load or load_average
-        self.load_before, self.wall0, self.cpu0 = self.load(), self.wall(), self.cpu()
+        self.load, self.busy = self.load or load_average, self.busy or busy_elsewhere
+        self.load_before, self.busy_before = self.load(), self.busy()
+        self.wall0, self.cpu0 = self.wall(), self.cpu()
 
     def finish(self) -> dict:
         wall = self.wall() - self.wall0
-        return {"load_before": self.load_before, "load_after": self.load(), "cores": self.cores,
-                "threads": self.threads, "cpu_per_wall": (self.cpu() - self.cpu0) / wall if wall > 0 else None}
+        cpu = self.cpu() - self.cpu0
+        return {"load_before": self.load_before, "load_after": self.load(), "busy_before": self.busy_before,
+                "busy_after": self.busy(), "cores": self.cores,
+                "threads": self.threads, "cpu_per_wall": cpu / wall if wall > 0 else None}
 
 
 def plain_spread(rows: list[dict]) -> tuple[float, str] | None:
@@ -102,6 +138,13 @@ def timing_warnings(timing: dict, rows: list[dict]) -> list[str]:
     out = []
     own = timing["threads"]
     for when in ("before", "after"):
+        busy = timing.get(f"busy_{when}")
+        if busy is not None:  # measured over a short sample: what other processes ran just then
+            if busy > BUSY_LOAD * timing["cores"]:
+                out.append(f"busy machine: other processes kept {busy:.1f} of {timing['cores']} cores busy {when} "
+                           "the run; timings and speedups are noise")
+                break
+            continue
         load = timing.get(f"load_{when}")
         if load is None:
             continue
