@@ -9,7 +9,8 @@ for each prompt, every (drafter, depth) pair and plain decoding run one after an
 row is measured under the same machine load. Prints, per drafter and depth: drafting ms per step, the
 share of the step spent drafting, tau (committed tokens per target forward) and the speedup over plain
 decoding (tokens/s over plain's, median [min-max] over the prompts). Writes depth.json and depth.png (drafting
-ms per step against depth) to --out. Timings assume an idle machine: the load average is printed with them.
+ms per step against depth) to --out. Timings assume an idle machine: the cores other work kept busy are printed
+with them.
 """
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import torch  # noqa: E402
 
 import draftkit as dk  # noqa: E402
-from draftkit.eval.noise import load_average  # noqa: E402
+from draftkit.eval.noise import busy_elsewhere  # noqa: E402
 
 DRAFTERS = ("eagle3", "peagle", "dflash")
 
@@ -125,7 +126,7 @@ def main(argv=None) -> int:
     prompts = load_prompts(args, tok)
     drafters = {(name, d): dk.make_drafter(name, target, getattr(args, name, None), max_depth=d, max_nodes=d,
                                            top_k=1) for name in args.drafters for d in args.depths}
-    load_before = load_average()
+    load_before = busy_elsewhere()
     run_once(target, prompts[0][:32], None, 8)  # warm-up (allocations), untimed
     for dr in drafters.values():
         run_once(target, prompts[0][:32], dr, 8)
@@ -141,9 +142,10 @@ def main(argv=None) -> int:
                 bar.update(1)
     table = {name: {str(d): summarize(runs[(name, d)], plain) for d in args.depths} for name in args.drafters}
     plain_ms = 1e3 * statistics.median(sec / max(1, len(st)) for sec, _, st in plain)
-    load_after = load_average()
+    load_after = busy_elsewhere()
     print(f"machine: {os.cpu_count()} cores, torch {torch.__version__} with {torch.get_num_threads()} threads; "
-          f"load average {_load(load_before)} before, {_load(load_after)} after (timings assume an idle machine)")
+          f"other processes kept {_load(load_before)} cores busy before, {_load(load_after)} after (timings assume an idle "
+          "machine)")
     print(f"plain decoding: {plain_ms:.1f} ms per token; {len(prompts)} prompts x {args.new_tokens} tokens, greedy, "
           "chains of exactly D tokens every step")
     print(f"{'drafter':<8} {'D':>2} {'draft ms':>9} {'draft%':>7} {'tau':>5} {'speedup':>20}")
@@ -154,7 +156,7 @@ def main(argv=None) -> int:
                   f"{r['speedup']:>6.2f}x [{r['speedup_min']:.2f}-{r['speedup_max']:.2f}]")
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "depth.json"), "w") as fh:
-        json.dump({"depths": args.depths, "plain_ms_per_token": plain_ms, "load_average": [load_before, load_after],
+        json.dump({"depths": args.depths, "plain_ms_per_token": plain_ms, "busy_cores_elsewhere": [load_before, load_after],
                    "prompts": len(prompts), "new_tokens": args.new_tokens, "rows": table}, fh, indent=1)
     png = plot(table, args.depths, os.path.join(args.out, "depth.png"))
     print(f"wrote {os.path.join(args.out, 'depth.json')}" + (f" and {png}" if png else ""))
