@@ -282,7 +282,9 @@ def test_zoo_build_commands_parse_and_finished_stages_are_skipped(tmp_path, mode
     assert f"= target: done ({done})" in out
     stages = [line[2:].split(" > ")[0] for line in out.splitlines() if line.startswith("+ python train/")
               and "ship.py" not in line]
-    assert len(stages) == 6  # prepare (the drafters' data), draft, eagle2, medusa1, medusa2, eagle3
+    # prepare (the drafters' data), draft, eagle2, medusa1, medusa2, eagle3, peagle, dflash
+    assert len(stages) == 8
+    assert any("recipes/eagle/peagle.yaml" in c and f"--init_from {tmp_path}/eagle3/final" in c for c in stages)
     for command in stages:
         words = shlex.split(command)
         script = Path(words[1]).stem

@@ -7,7 +7,8 @@
 #   OUT=runs            where the runs go (no spaces)
 #   CORPUS=python       override every recipe's corpus (python: the stdlib + draftkit's dependencies)
 #   DRY_RUN=1           print the commands (and which stages are done) without running anything
-# On 2 CPU cores: about 45 min for the target, about 40 min for two lanes of drafters, 8 min for EAGLE-3.
+# On 2 CPU cores: about 45 min for the target, about 40 min for two lanes of drafters, 8 min for EAGLE-3, then
+# P-EAGLE (from the EAGLE-3 draft) and DFlash side by side.
 #
 # bash recipes/zoo/build.sh --gpu   (OUT defaults to runs/gpu)
 # The same stages on one GPU with far more data and steps, meant to finish in about 12 minutes on an H200-class
@@ -31,6 +32,8 @@ def medusa1 medusa.py   recipes/medusa/medusa1.yaml --target "$TARGET"
 def medusa2 medusa.py   recipes/medusa/medusa2.yaml --target "$TARGET" --init_heads "$OUT/medusa1/final"
 def eagle2  eagle.py    recipes/eagle/eagle2_reference.yaml   --target "$TARGET"
 def eagle3  eagle.py    recipes/eagle/eagle3_reference.yaml   --target "$TARGET"
+def peagle  eagle.py    recipes/eagle/peagle.yaml             --target "$TARGET" --init_from "$OUT/eagle3/final"
+def dflash  dflash.py   recipes/dflash/dflash.yaml            --target "$TARGET"
 
 # --gpu: larger batches and runs, bf16; the drafters' data path regenerates 16,384 rows (16 shards of 1,024)
 GPU_COMMON="--wandb false --mixed_precision bf16 --checkpoint_every 1000"
@@ -42,6 +45,8 @@ declare -A GPU_FLAGS=(
   [medusa2]="$GPU_DATA --max_steps 500"
   [eagle2]="$GPU_DATA --max_steps 3000"
   [eagle3]="$GPU_DATA --max_steps 3000"
+  [peagle]="$GPU_DATA --max_steps 3000"
+  [dflash]="$GPU_DATA --max_steps 3000"
 )
 
 command_of() {  # the exact command of a stage (also what the manifest records)
@@ -74,7 +79,7 @@ prepare() {
 }
 prepare
 if [[ $GPU == 1 ]]; then  # one GPU: one stage at a time
-  for s in draft eagle2 eagle3 medusa1 medusa2; do stage $s; done
+  for s in draft eagle2 eagle3 peagle dflash medusa1 medusa2; do stage $s; done
 else
   # two lanes of one-thread jobs use both cores better than one two-thread job at a time
   export OMP_NUM_THREADS=1
@@ -86,6 +91,13 @@ else
   [[ $failed == 0 ]] || exit 1
   unset OMP_NUM_THREADS
   stage eagle3
+  export OMP_NUM_THREADS=1
+  stage peagle & lane1=$!  # P-EAGLE starts from the EAGLE-3 draft
+  stage dflash & lane2=$!
+  wait $lane1 || failed=1
+  wait $lane2 || failed=1
+  [[ $failed == 0 ]] || exit 1
+  unset OMP_NUM_THREADS
 fi
 
 ship() { run python train/ship.py --name "$1" --source "$OUT/$2/final" --recipe "${RECIPE[$2]}" --command "$(command_of "$2")"; }
@@ -97,3 +109,5 @@ ship medusa medusa1
 ship medusa2 medusa2
 ship eagle eagle2
 ship eagle3 eagle3
+ship peagle peagle
+ship dflash dflash
