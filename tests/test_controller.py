@@ -250,3 +250,17 @@ def test_a_lane_s_share_of_a_batch_step_is_not_taken_for_a_plain_step():
     assert policy.plain_s is None
     policy.observe(StepStats(0, 0, 0, 1, 0.0, profile.plain_s, lanes=1), 100)
     assert policy.plain_s == pytest.approx(profile.plain_s)
+
+
+def test_levels_never_tried_are_no_better_than_the_level_above():
+    """A drafter that passes level 1 one step in five and was never tried deeper: the deeper levels take level
+    1's rate as their prior, so a deep budget promises about 1.25 tokens, not the 1.8 that a fixed 0.8 prior gave."""
+    m = AcceptanceModel(8)
+    for i in range(100):
+        m.observe(depth=1, accepted=int(i % 5 == 0))
+    rates = m.rates()
+    assert rates[0] == pytest.approx(0.2, abs=0.03)
+    assert all(b <= a + 1e-12 for a, b in zip(rates, rates[1:]))
+    assert 1 + sum(m.reach()) < 1.3
+    fresh = AcceptanceModel(8).rates()
+    assert fresh == pytest.approx([0.8] * 8)  # a new drafter still starts optimistic

@@ -218,8 +218,15 @@ class AcceptanceModel:
             self.passed[d].add(1.0 if d < accepted else 0.0, self.keep)
 
     def rates(self) -> list[float]:
-        w, r0 = self.prior_weight, self.prior_rate
-        return [(p.value + w * r0) / (r.value + w) for p, r in zip(self.passed, self.reached)]
+        """r_d per level. The prior of level 1 is prior_rate; that of a deeper level is the rate of the level
+        above it (at most prior_rate): a level seldom tried is taken to pass no more often than the one above.
+        With a fixed prior, a drafter that fails at level 1 (an n-gram drafter under sampling: it is seldom
+        tried deeper) kept imagined 0.8-rate levels below it, and so kept drafting at a loss."""
+        w, prior, out = self.prior_weight, self.prior_rate, []
+        for p, r in zip(self.passed, self.reached):
+            out.append((p.value + w * prior) / (r.value + w))
+            prior = min(prior, out[-1])
+        return out
 
     def reach(self) -> list[float]:
         """R_d for d = 1..max_depth: the chance the accepted path reaches depth d."""
