@@ -140,9 +140,10 @@ def timing_warnings(timing: dict, rows: list[dict]) -> list[str]:
     for when in ("before", "after"):
         busy = timing.get(f"busy_{when}")
         if busy is not None:  # measured over a short sample: what other processes ran just then
-            if busy > BUSY_LOAD * timing["cores"]:
+            spare = max(0, timing["cores"] - own)  # the cores this run left to other work (--threads)
+            if busy > spare + BUSY_LOAD:
                 out.append(f"busy machine: other processes kept {busy:.1f} of {timing['cores']} cores busy {when} "
-                           "the run; timings and speedups are noise")
+                           f"the run, beside its {own} thread(s); timings and speedups are noise")
                 break
             continue
         load = timing.get(f"load_{when}")

@@ -264,3 +264,25 @@ def test_levels_never_tried_are_no_better_than_the_level_above():
     assert 1 + sum(m.reach()) < 1.3
     fresh = AcceptanceModel(8).rates()
     assert fresh == pytest.approx([0.8] * 8)  # a new drafter still starts optimistic
+
+
+def test_an_idle_drafter_probes_with_one_level_of_two_nodes():
+    """A drafter that stopped paying (cap 8 levels x 32 nodes: 4 nodes a level) is probed now and then with the
+    cheapest draft that can tell whether it pays again: one level, two nodes (a probe at the cap cost up to 5% of
+    plain decoding)."""
+    import draftkit.verify.controller as ctl
+
+    profile = flat(0.05, plain_s=0.01)
+    policy = AutoBudget(None, Budget(8, 32), profile=profile, cache_profile=False)
+    given = []
+    for _ in range(300):
+        b = policy.budget(100)
+        given.append((b.max_depth, b.max_nodes))
+        if b.max_depth:  # level 1 never passes
+            policy.observe(StepStats(b.max_nodes, b.max_depth, 0, 1, 0.0002, profile.plain_s * profile.c(b.max_nodes)),
+                           100)
+        else:
+            policy.observe(StepStats(0, 0, 0, 1, 0.0, profile.plain_s), 100)
+    late = [g for g in given[100:] if g[0]]
+    assert late and all(g == (1, ctl.PROBE_NODES) for g in late)
+    assert len(late) <= 200 // ctl.PROBE_WAIT_MAX + 1

@@ -47,6 +47,9 @@ def test_the_busy_sample_wins_over_a_load_average_left_by_an_earlier_run():
     assert noise.timing_warnings(probe([2.3, 2.4], busy=(0.05, 0.1)).finish(), [STEADY]) == []
     (warning,) = noise.timing_warnings(probe([0.2, 0.3], busy=(1.6, 0.1)).finish(), [STEADY])
     assert warning.startswith("busy machine: other processes kept 1.6 of 2 cores busy before the run"), warning
+    # one core of other work: noise beside 2 threads, none beside 1 thread (the core left to it: --threads auto)
+    assert noise.timing_warnings(probe([1.0, 1.0], busy=(1.0, 1.0)).finish(), [STEADY])
+    assert noise.timing_warnings(probe([1.0, 1.0], threads=1, busy=(1.0, 1.0)).finish(), [STEADY]) == []
 
 
 def test_a_starved_process_is_named_by_its_cpu_time():

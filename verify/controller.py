@@ -26,8 +26,8 @@ first few drafted steps, and again every PLAIN_EVERY steps while it keeps drafti
 a batch a lane's share of the forward is not what a plain step of its own would cost).
 
 When D* = 0 the drafter idles, and every `probe_every` plain steps (doubling up to 16 while probes
-keep losing) it drafts once at its best depth to re-measure, so a method that starts paying on
-later text is picked up again. Within a step, `Budget.min_path_prob` tells a drafter with path
+keep losing) it drafts one level of at most two nodes to re-measure, so a method that starts paying on
+later text is picked up again while a silent one costs next to nothing. Within a step, `Budget.min_path_prob` tells a drafter with path
 confidences (EAGLE-2, standalone trees) to stop expanding paths whose draft probability is
 below what one more depth costs.
 """
@@ -53,6 +53,7 @@ PROBE_WAIT_MAX = 16  # plain steps between probes at most, while probes keep los
 STALE_AFTER = 12  # drafted steps before the measured scale may declare the profile stale
 STALE_SCALE = (0.75, 1.33)  # measured / profiled verify time outside this: measure the profile again
 REMEASURE_EVERY_S = 300.0  # at most one re-measurement per policy in this time
+PROBE_NODES = 2  # nodes of a probe: level 1, the best two candidates
 PLAIN_FIRST = 4  # drafted steps before the first plain step is measured
 PLAIN_EVERY = 64  # drafted steps in a row before the plain step is measured again (a changing machine load)
 
@@ -332,12 +333,14 @@ class AutoBudget:
                 self.choices.append((0, 0))
                 self.predicted.append((gains[0], times[0]))
                 return Budget(0, 0)
-            # probe: draft once, alternately at the depth that would pay best and at the deepest, so that
-            # both the acceptance of deep levels and the fixed and per-level drafting costs get measured
-            self._probes = getattr(self, "_probes", 0) + 1
-            best = max(range(1, len(gains)), key=lambda d: gains[d] / times[d]) if self._probes % 2 else \
-                self.cap.max_depth
+            # probe: one level of at most PROBE_NODES nodes, the cheapest draft that tells whether level 1 passes
+            # again; deeper levels take its rate until they are tried (AcceptanceModel.rates). A probe at the
+            # deepest level cost a silent drafter up to 5% of plain decoding (16 nodes every 16 steps)
             self._idle, self._probe_wait = 0, min(self._probe_wait * 2, PROBE_WAIT_MAX)
+            budget = Budget(1, min(self.nodes(1), PROBE_NODES))
+            self.choices.append((budget.max_depth, budget.max_nodes))
+            self.predicted.append((gains[1], times[1]))
+            return budget
         else:
             self._probe_wait = self.probe_every
             if self._lanes == 1 and self._drafted_run >= (PLAIN_FIRST if self.plain_s is None else PLAIN_EVERY):
