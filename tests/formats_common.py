@@ -13,6 +13,8 @@ from draftkit.verify.decode import generate as _generate
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PROMPTS = [torch.tensor([5]), torch.tensor([3, 17, 42, 8, 8, 61, 0, 9]), torch.arange(20) % 7 + 30]
 
+DRAFT_IDS = torch.arange(0, 64, 2)  # the even ids: a reduced draft vocabulary of 32
+
 
 def generate(*args, **kwargs):
     return _generate(*args, **{"budget": "fixed", **kwargs})

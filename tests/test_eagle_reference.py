@@ -1,0 +1,196 @@
+"""The reference EAGLE drafts themselves (drafters/eagle_reference.py): their draft cache against a recomputation,
+the reduced draft vocabulary (d2t / t2d, lossless sampling through it) and the training of the reference layout
+(the loss falls, the training-time test equals chain decoding). Import and export are in tests/test_formats.py."""
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import LlamaForCausalLM
+
+from draftkit.drafters.eagle import EagleDrafter
+from draftkit.drafters.eagle_reference import Eagle3Draft, frequent_tokens, make_draft, vocab_mapping
+from draftkit.drafters.formats import detect
+from draftkit.train.export import main as export_main
+from draftkit.verify.accept import Sampling
+from tests.formats_common import DRAFT_IDS, PROMPTS, generate, tiny_target
+
+torch.set_num_threads(1)
+
+
+@pytest.fixture(scope="module")
+def target8():
+    return tiny_target(layers=8)
+
+
+def test_reference_draft_cache_matches_recomputation(target8):
+    """The incremental draft (KV cache, tree masks, catch-up) equals running the draft from scratch."""
+    from draftkit.verify.tree import path_slots
+
+    torch.manual_seed(0)
+    draft = make_draft(target8, [2, 4, 6], "reference", DRAFT_IDS)
+
+    class Log(EagleDrafter):
+        def propose(self, state):
+            tree = super().propose(state)
+            if len(tree):
+                self.log.append((state.tokens.clone(), self.bank.clone(), tree))
+            return tree
+
+    drafter = Log(target8, draft, max_depth=3, top_k=3, max_nodes=8)
+    drafter.log = []
+    generate(target8, PROMPTS[1], drafter=drafter, max_new_tokens=12, eos_token_id=[])
+    embed = target8.get_input_embeddings()
+    checked = 0
+    with torch.no_grad():
+        for tokens, bank, tree in drafter.log[:4]:
+            hs = target8(input_ids=tokens[None, :-1], output_hidden_states=True).hidden_states
+            fused = draft.fc(draft.select(hs)[0])
+            for node in range(len(tree)):
+                if tree.extra[node] < 0:
+                    continue
+                feats, toks = fused, tokens[1:]
+                out = draft(feats[None], embed(toks)[None])[0, -1]
+                torch.testing.assert_close(bank[0], out, atol=1e-4, rtol=1e-4)
+                for tok in tree.tokens[path_slots(tree, node)].tolist():
+                    feats, toks = torch.cat([feats, out[None]]), torch.cat([toks, torch.tensor([tok])])
+                    out = draft(feats[None], embed(toks)[None])[0, -1]
+                torch.testing.assert_close(bank[tree.extra[node] + 1], out, atol=1e-4, rtol=1e-4)
+                checked += 1
+    assert checked > 3
+
+
+# ----------------------------------------------------------------------------- the reduced draft vocabulary
+
+
+def test_d2t_offsets_map_every_draft_id():
+    ids = torch.tensor([40, 3, 7, 0, 63, 12, 3])
+    d2t, t2d = vocab_mapping(ids, 64)
+    uniq = sorted(set(ids.tolist()))
+    assert d2t.dtype == torch.int64 and t2d.dtype == torch.bool and d2t.numel() == len(uniq)
+    assert [i + int(d2t[i]) for i in range(d2t.numel())] == uniq
+    assert t2d.nonzero().flatten().tolist() == uniq
+    stream = torch.tensor([5, 5, 5, 9, 9, 1, 2, 2, 2, 2])
+    assert frequent_tokens(stream, 16, 3).tolist() == [2, 5, 9]
+    # the drafter's target-vocabulary logits put draft id i at target id i + d2t[i]
+    target = tiny_target(layers=4)
+    draft = make_draft(target, [1, 2, 3], "reference", ids)
+    f = torch.randn(5, 32)
+    small = draft.draft_logits(f)
+    full = draft.logits(f, target.lm_head)
+    for i in range(d2t.numel()):
+        torch.testing.assert_close(full[:, i + int(d2t[i])], small[:, i])
+    assert torch.isinf(full[:, ~t2d]).all() and torch.isfinite(full[:, t2d]).all()
+    # EAGLE-2 reduced: the target's head restricted to the draft rows
+    d1 = make_draft(target, None, "reference", ids)
+    torch.testing.assert_close(d1.logits(f, target.lm_head)[:, t2d], target.lm_head(f)[:, t2d])
+
+
+def _exact_joint(target, prompt):
+    v = target.config.vocab_size
+    with torch.no_grad():
+        p1 = target(prompt[None]).logits[0, -1].softmax(-1)
+        ctx2 = torch.cat([prompt.repeat(v, 1), torch.arange(v)[:, None]], 1)
+        p2 = target(ctx2).logits[:, -1].softmax(-1)
+        ctx3 = torch.cat([prompt.repeat(v * v, 1), torch.arange(v).repeat_interleave(v)[:, None],
+                          torch.arange(v).repeat(v)[:, None]], 1)
+        p3 = target(ctx3).logits[:, -1].softmax(-1).view(v, v, v)
+    return (p1[:, None, None] * p2[:, :, None] * p3).sum(0)
+
+
+@pytest.mark.parametrize("chain", [True, False])
+def test_reduced_vocabulary_sampling_is_lossless(chain):
+    """q lives on the draft vocabulary (zero elsewhere); the target's own tokens outside it must still come out
+    at their exact rate. As tests/test_eagle.py: the empirical joint of the 2nd and 3rd generated tokens."""
+    target = tiny_target(layers=4, vocab=16, seed=2, logit_scale=40.0)
+    prompt = torch.tensor([3, 7, 1, 12, 5])
+    exact = _exact_joint(target, prompt)
+    torch.manual_seed(0)
+    vocab = torch.tensor([1, 2, 4, 5, 8, 9, 10, 14])  # leaves out 7, the target's favourite 3rd token, and 6
+    draft = make_draft(target, [1, 2, 3], "reference", vocab)
+    with torch.no_grad():
+        draft.lm_head.weight.mul_(0.1)  # a flat q over the draft vocabulary, so that drafts get accepted
+    drafter = EagleDrafter(target, draft, max_depth=3, top_k=1 if chain else 3, max_nodes=6)
+    n = 1500
+    counts = torch.zeros(16, 16)
+    drafted = 0
+    for s in range(n):
+        out = generate(target, prompt, drafter=drafter, max_new_tokens=4, sampling=Sampling(temperature=1.0),
+                       eos_token_id=[], seed=s)
+        counts[out.tokens[1], out.tokens[2]] += 1
+        drafted += sum(st.accepted for st in out.stats.decode_steps)
+    tv = 0.5 * (counts / n - exact).abs().sum().item()
+    outside = exact.sum(0)[[0, 3, 6, 7, 11, 12, 13, 15]].sum().item()
+    assert outside > 0.3 and drafted > n // 4  # tokens outside the draft vocabulary matter; drafts get accepted
+    assert tv < 0.07, tv  # measured 0.03 here
+
+
+# ----------------------------------------------------------------------------- training
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    """A tiny corpus, tokenizer and peaked target saved like a real one."""
+    from tests.parallel_common import make_tiny_run
+
+    return make_tiny_run(tmp_path_factory.mktemp("formats_train"), layers=4)
+
+
+def test_train_reference_eagle3_lowers_loss_and_exports(tiny_run, tmp_path):
+    from draftkit.train import eagle as train_eagle
+
+    out = tmp_path / "run"
+    report = train_eagle.main([
+        "--target", str(tiny_run / "target"), "--corpus", str(tiny_run / "corpus.txt"), "--cache_dir",
+        str(tiny_run / "cache"), "--seq_len", "32", "--batch_size", "8", "--max_steps", "24", "--warmup_steps", "2",
+        "--lr", "3e-3", "--eval_every", "1000", "--eval_blocks", "4", "--eval_tau_prompts", "1", "--eval_new_tokens",
+        "8", "--output_dir", str(out), "--wandb", "false", "--layout", "reference", "--feature_layers", "[1, 2, 3]",
+        "--ttt_steps", "2", "--feature_loss_weight", "0", "--token_loss_weight", "1.0", "--draft_vocab_size", "64"])
+    hist = report["history"]
+    first = sum(h["token_loss_0"] for h in hist[:3]) / 3
+    last = sum(h["token_loss_0"] for h in hist[-3:]) / 3
+    assert last < first - 0.1, (first, last)
+    assert report["layout"] == "reference" and report["draft_vocab_size"] == 64 and report["tau"] >= 1.0
+    final = out / "final"
+    assert detect(str(final)) == "draftkit-eagle-reference"
+    target = LlamaForCausalLM.from_pretrained(str(tiny_run / "target"))
+    drafter = EagleDrafter.from_pretrained(str(final), target)
+    assert isinstance(drafter.draft, Eagle3Draft) and drafter.draft.draft_vocab == 64
+    assert export_main([str(final), "--format", "vllm", "--out", str(tmp_path / "exp")]) == 0
+
+
+def test_reference_training_time_test_matches_chain_decoding(target8):
+    """Unrolled step i of the reference EAGLE-3 loss is what decoding computes for the depth-i chain node:
+    same cache, masks and positions, the draft's own pre-norm output fed back, the reduced vocabulary."""
+    from types import SimpleNamespace
+
+    from transformers import DynamicCache
+
+    from draftkit.train.eagle import EagleLoss
+
+    torch.manual_seed(0)
+    draft = make_draft(target8, [2, 4, 6], "reference", DRAFT_IDS)
+    cfg = SimpleNamespace(ttt_steps=3, ttt_decay=0.8, feature_loss_weight=0.0, token_loss_weight=1.0, feature_noise=0.0)
+    loss_fn = EagleLoss(draft, target8, cfg)
+    ids = torch.randint(0, 64, (2, 10))
+    with torch.no_grad():
+        hs = target8(input_ids=ids, output_hidden_states=True).hidden_states
+    preds, forward = [], draft.forward
+    draft.forward = lambda *a, **k: preds.append(forward(*a, **k)) or preds[-1]
+    try:
+        res = loss_fn(ids, draft.select(hs), hs[-1], noise=False)
+    finally:
+        del draft.forward
+    assert len(preds) == 3 and torch.isfinite(res["loss"]) and {"acc_2", "token_loss_2"} <= set(res)
+    embed = target8.get_input_embeddings()
+    feats = draft.select(hs)
+    with torch.no_grad():
+        for b in range(2):
+            for t in range(9):
+                cache = DynamicCache(config=draft.cache_config)
+                f = draft(feats[b:b + 1, :t + 1], embed(ids[b:b + 1, 1:t + 2]), cache=cache)[:, -1:]
+                torch.testing.assert_close(f[0, 0], preds[0][b, t].detach(), atol=1e-5, rtol=1e-5)
+                for i in (1, 2):
+                    if t + 1 + i >= 10:
+                        break
+                    f = draft(f, embed(ids[b:b + 1, t + 1 + i:t + 2 + i]), cache=cache)[:, -1:]
+                    torch.testing.assert_close(f[0, 0], preds[i][b, t].detach(), atol=1e-5, rtol=1e-5)
