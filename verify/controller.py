@@ -330,33 +330,29 @@ class AutoBudget:
         if best == 0:
             self._idle += 1
             if self._idle < self._probe_wait:
-                self.choices.append((0, 0))
-                self.predicted.append((gains[0], times[0]))
-                return Budget(0, 0)
+                return self._give(Budget(0, 0), gains[0], times[0])
             # probe: one level of at most PROBE_NODES nodes, the cheapest draft that tells whether level 1 passes
             # again; deeper levels take its rate until they are tried (AcceptanceModel.rates). A probe at the
             # deepest level cost a silent drafter up to 5% of plain decoding (16 nodes every 16 steps)
             self._idle, self._probe_wait = 0, min(self._probe_wait * 2, PROBE_WAIT_MAX)
-            budget = Budget(1, min(self.nodes(1), PROBE_NODES))
-            self.choices.append((budget.max_depth, budget.max_nodes))
-            self.predicted.append((gains[1], times[1]))
-            return budget
-        else:
-            self._probe_wait = self.probe_every
-            if self._lanes == 1 and self._drafted_run >= (PLAIN_FIRST if self.plain_s is None else PLAIN_EVERY):
-                self._drafted_run = 0  # a plain step, to measure it (see the module docstring)
-                self.choices.append((0, 0))
-                self.predicted.append((gains[0], times[0]))
-                return Budget(0, 0)
+            return self._give(Budget(1, min(self.nodes(1), PROBE_NODES)), gains[1], times[1])
+        self._probe_wait = self.probe_every
+        if self._lanes == 1 and self._drafted_run >= (PLAIN_FIRST if self.plain_s is None else PLAIN_EVERY):
+            self._drafted_run = 0  # a plain step, to measure it (see the module docstring)
+            return self._give(Budget(0, 0), gains[0], times[0])
         # within the step: a path is worth one more depth if its chance beats the marginal cost of a level,
         # the step to the next depth (at the cap: the step to this one; an average per depth would count the
         # plain step's own cost and cut every tree down to its first level)
         rate = gains[best] / times[best]  # committed tokens per second at the optimum
         below, above = (best - 1, best) if best == len(times) - 1 else (best, best + 1)
         marginal = max(0.0, times[above] - times[below])
-        budget = Budget(best, self.nodes(best), min_path_prob=min(0.5, marginal * rate))
+        return self._give(Budget(best, self.nodes(best), min_path_prob=min(0.5, marginal * rate)), gains[best],
+                          times[best])
+
+    def _give(self, budget: Budget, committed: float, seconds: float) -> Budget:
+        """Record the budget given and what the model expects of it (for reports), and return it."""
         self.choices.append((budget.max_depth, budget.max_nodes))
-        self.predicted.append((gains[best], times[best]))
+        self.predicted.append((committed, seconds))
         return budget
 
     def observe(self, step: StepStats, context_len: int) -> None:
