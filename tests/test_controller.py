@@ -277,8 +277,13 @@ def test_a_lane_s_share_of_a_batch_step_is_not_taken_for_a_plain_step():
     Taken as its plain step, it would make the lane's own drafting look four times dearer than it is."""
     profile = flat(0.05, plain_s=0.01)
     policy = AutoBudget(None, Budget(1, 8), profile=profile, cache_profile=False)
+    policy.start(100)
     policy.observe(StepStats(0, 0, 0, 1, 0.0, profile.plain_s / 4, lanes=4), 100)
     assert policy.plain_s is None
+    # the batch's last lane, alone at the end, still attends over every lane's entries: not a plain step either
+    policy.observe(StepStats(0, 0, 0, 1, 0.0, 3 * profile.plain_s, lanes=1), 100)
+    assert policy.plain_s is None
+    policy.start(100)  # a single sequence
     policy.observe(StepStats(0, 0, 0, 1, 0.0, profile.plain_s, lanes=1), 100)
     assert policy.plain_s == pytest.approx(profile.plain_s)
 

@@ -288,12 +288,14 @@ class AutoBudget:
         self._plain_steps, self._stale, self._measured_at = 0, False, 0.0
         self.probe_every, self._probe_wait, self._idle = probe_every, probe_every, 0
         self._drafted_run = 0  # drafted steps since the last plain step
-        self._lanes = 1  # sequences in the last step's forward (a lane's share of a batch's plain step is no
-        # plain step's cost: it is not measured on purpose there)
+        self._lanes = 1  # the most sequences in one forward since start(): 1 for single-sequence decoding. In a
+        # batch a lane's share of a plain step is no plain step's cost, and its last steps alone still attend over
+        # every lane's entries: neither measures a plain step nor judges the profile
         self.choices: list[tuple[int, int]] = []  # (depth, nodes) given per step, for reports
         self.predicted: list[tuple[float, float]] = []  # (expected committed, expected seconds) per step
 
     def start(self, prompt_len: int) -> None:
+        self._lanes = 1
         if self.profile is None or context_bucket(prompt_len) != self.profile.context or self._stale:
             refresh = self._stale and time.monotonic() - self._measured_at > REMEASURE_EVERY_S
             self.profile = CostProfile.for_model(self.model, prompt_len, cache=self.cache_profile, refresh=refresh)
@@ -330,7 +332,21 @@ class AutoBudget:
 
     def budget(self, context_len: int) -> Budget:
         best, gains, times = self.plan()
-        if best == 0:
+        if best and self._lanes == 1 and \
+                self._drafted_run >= (PLAIN_FIRST if self.plain_s is None else PLAIN_EVERY):
+            self._drafted_run, self._probe_wait = 0, self.probe_every
+            return self._give(Budget(0, 0), gains[0], times[0])  # a plain step, to measure it (module docstring)
+        # within the step: a path is worth one more depth if its chance beats the marginal cost of a level,
+        # the step to the next depth (at the cap: the step to this one; an average per depth would count the
+        # plain step's own cost and cut every tree down to its first level)
+        below, above = (best - 1, best) if best == len(times) - 1 else (best, best + 1)
+        return self.choose(best, times[above] - times[below], gains[best] / times[best], gains, times)
+
+    def choose(self, depth: int, marginal_s: float, rate: float, gains: list[float], times: list[float]) -> Budget:
+        """The budget for a chosen depth (also a batch planner's choice, verify/batch_plan.py). depth 0: idle,
+        or the periodic probe; marginal_s: seconds one more level would cost; rate: committed tokens per second
+        at the choice; gains / times: expected committed tokens and seconds per depth, for reports."""
+        if depth == 0:
             self._idle += 1
             if self._idle < self._probe_wait:
                 return self._give(Budget(0, 0), gains[0], times[0])
@@ -340,17 +356,8 @@ class AutoBudget:
             self._idle, self._probe_wait = 0, min(self._probe_wait * 2, PROBE_WAIT_MAX)
             return self._give(Budget(1, min(self.nodes(1), PROBE_NODES)), gains[1], times[1])
         self._probe_wait = self.probe_every
-        if self._lanes == 1 and self._drafted_run >= (PLAIN_FIRST if self.plain_s is None else PLAIN_EVERY):
-            self._drafted_run = 0  # a plain step, to measure it (see the module docstring)
-            return self._give(Budget(0, 0), gains[0], times[0])
-        # within the step: a path is worth one more depth if its chance beats the marginal cost of a level,
-        # the step to the next depth (at the cap: the step to this one; an average per depth would count the
-        # plain step's own cost and cut every tree down to its first level)
-        rate = gains[best] / times[best]  # committed tokens per second at the optimum
-        below, above = (best - 1, best) if best == len(times) - 1 else (best, best + 1)
-        marginal = max(0.0, times[above] - times[below])
-        return self._give(Budget(best, self.nodes(best), min_path_prob=min(0.5, marginal * rate)), gains[best],
-                          times[best])
+        floor = min(0.5, max(0.0, marginal_s) * rate)
+        return self._give(Budget(depth, self.nodes(depth), min_path_prob=floor), gains[depth], times[depth])
 
     def _give(self, budget: Budget, committed: float, seconds: float) -> Budget:
         """Record the budget given and what the model expects of it (for reports), and return it."""
@@ -361,9 +368,9 @@ class AutoBudget:
     def observe(self, step: StepStats, context_len: int) -> None:
         if step.prefill:  # the prompt's forward says nothing about a decoding step's cost
             return
-        self._lanes = step.lanes
+        self._lanes = max(self._lanes, step.lanes)
         if not step.drafted:  # a plain step measures t_plain itself
-            if step.lanes == 1:  # in a batch, a lane's share of the forward (1 row of q) is no plain step's
+            if self._lanes == 1:  # in a batch, a lane's share of the forward (1 row of q) is no plain step's
                 self._drafted_run = 0  # cost: taken as one, it made every lane's drafting look q times dearer
                 self.plain_s = step.verify_s if self.plain_s is None else 0.9 * self.plain_s + 0.1 * step.verify_s
                 self._plain_steps += 1

@@ -30,6 +30,7 @@ import torch
 
 from draftkit.verify import sync
 from draftkit.verify.accept import Sampling, drafter_generator, verifier_generator
+from draftkit.verify.batch_plan import BatchPlanner
 from draftkit.verify.budget import make_policy
 from draftkit.verify.constraints import make_constraint
 from draftkit.verify.cache import KVBuffer
@@ -78,11 +79,12 @@ class PackedOutput:
 
 
 def _propose(lane: Lane, ver: Verifier, sampling: Sampling, max_new_tokens: int, vocab: int,
-             draws: torch.Generator | None):
-    """The lane's budget, clipped to the tokens left and the context, its drafter's tree within it (draws: the
-    drafters' random stream, DecodeState.generator), and the tree under the lane's constraint (or None)."""
+             draws: torch.Generator | None, planned: Budget | None = None):
+    """The lane's budget (its policy's, or `planned` by the batch's planner), clipped to the tokens left and the
+    context, its drafter's tree within it (draws: the drafters' random stream, DecodeState.generator), and the
+    tree under the lane's constraint (or None)."""
     T = len(lane.tokens)
-    given = lane.policy.budget(T).clip(max_new_tokens - lane.generated)
+    given = (lane.policy.budget(T) if planned is None else planned).clip(max_new_tokens - lane.generated)
     if ver.max_len:  # a tree running past the context cannot be verified
         room = ver.max_len - T
         given = Budget(min(given.max_depth, room), min(given.max_nodes, room), given.min_path_prob)
@@ -159,6 +161,7 @@ def generate_packed(model, prompts, drafters, max_new_tokens: int = 64, sampling
     elif len(prompts) != n:
         raise ValueError(f"got {len(prompts)} prompts for {n} drafters")
     policies = [make_policy(budget, d, model) for d in drafters]
+    planner = BatchPlanner.over(policies)  # the lanes' budgets chosen together (verify/batch_plan.py)
     widest = max(p.cap.max_nodes for p in policies)
     deepest = max(p.cap.max_depth for p in policies)
     stored = prompts[0].numel() if shared_prompt else sum(p.numel() for p in prompts)
@@ -211,9 +214,13 @@ def generate_packed(model, prompts, drafters, max_new_tokens: int = 64, sampling
         if not live:
             break
         trees, givens, checks, draft_s = [], [], [], []  # each lane's own drafting time, not the batch's
-        for ln in live:
+        planned = planner.budgets([ln.policy for ln in live], [len(ln.pending) for ln in live],
+                                  [max_new_tokens - ln.generated for ln in live],
+                                  [ln.generated / max(len(ln.stats.steps), 1) for ln in live]) \
+            if planner and len(live) > 1 else [None] * len(live)
+        for ln, plan in zip(live, planned):
             t0 = clock.now()
-            tree, given, check = _propose(ln, ver, sampling, max_new_tokens, vocab, draws)
+            tree, given, check = _propose(ln, ver, sampling, max_new_tokens, vocab, draws, plan)
             trees.append(check.forward_tree if check else tree)  # without the nodes its grammar forbids
             givens.append(given)
             checks.append(check)
@@ -229,6 +236,8 @@ def generate_packed(model, prompts, drafters, max_new_tokens: int = 64, sampling
         keep = torch.cat(keep)
         ver.commit_rows(step, keep, keep_host)
         verify_s = clock.now() - t1
+        if planner and len(live) > 1:
+            planner.observe(step.q, verify_s)
         kept = 0
         for i, (ln, tree, given, w, (acc, acc_tokens, bonus)) in enumerate(zip(live, trees, givens, walks, results)):
             root, first = step.rows(i)

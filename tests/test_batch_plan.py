@@ -1,0 +1,136 @@
+"""The batch planner: the lanes of one packed step get their budgets together (verify/batch_plan.py)."""
+import random
+
+import pytest
+import torch
+
+from tests.models import tiny_model
+from draftkit.verify.batch_plan import BatchPlanner
+from draftkit.verify.contract import Budget, DraftTree, NoDrafter
+from draftkit.verify.controller import AcceptanceModel, AutoBudget, CostProfile
+from draftkit.verify.packed import generate_packed
+
+
+def curve(plain_s: float, ratio_of) -> CostProfile:
+    sizes = [1, 2, 4, 8, 16, 32, 64]
+    return CostProfile(plain_s, sizes, [ratio_of(n) for n in sizes], context=128)
+
+
+def lane(profile: CostProfile, rate: float, cap=Budget(4, 4), draft_s_per_level=0.0) -> AutoBudget:
+    """A controller that has learned a pass rate per level and what a level of drafting costs."""
+    policy = AutoBudget(None, cap, profile=profile, cache_profile=False)
+    policy.acceptance = AcceptanceModel(cap.max_depth, prior_rate=rate, prior_weight=1e9)
+    for depth in (1, 2, 3, 4):
+        policy.draft_cost.observe(depth, draft_s_per_level * depth)
+    return policy
+
+
+def plan(policies, remaining=None, per_step=None, planner=None):
+    planner = planner or BatchPlanner(policies)
+    n = len(policies)
+    return planner.budgets(policies, [1] * n, remaining or [64] * n, per_step or [1.0] * n)
+
+
+def test_free_drafting_gets_the_whole_cap_for_every_lane():
+    policies = [lane(curve(0.01, lambda n: 1.0), 0.7) for _ in range(4)]
+    assert [(b.max_depth, b.max_nodes) for b in plan(policies)] == [(4, 4)] * 4
+
+
+def test_rows_as_dear_as_a_plain_step_make_every_lane_plain():
+    """Each row of the forward costs a plain step: a level that passes 60% of the time never pays."""
+    policies = [lane(curve(0.01, lambda n: 1.0 + n), 0.6) for _ in range(4)]
+    assert all(b.max_depth == 0 for b in plan(policies))
+
+
+def test_a_batch_drafts_less_than_its_lanes_would_each_alone():
+    """A forward that is overhead up to 8 rows, then 0.3 plain steps a row: one lane alone drafts its whole cap
+    (8 nodes ride on the overhead); eight lanes' trees together would be 72 rows, and the planner gives less,
+    with more committed tokens per second by the batch's own cost model than every lane at its lone choice."""
+    profile = curve(0.01, lambda n: 1.0 if n <= 8 else 1.0 + 0.3 * (n - 8))
+    alone = lane(profile, 0.8, cap=Budget(8, 8))
+    assert alone.budget(100).max_depth == 8
+    policies = [lane(profile, 0.8, cap=Budget(8, 8)) for _ in range(8)]
+    planner = BatchPlanner(policies)
+    budgets = plan(policies, planner=planner)
+    depths = [b.max_depth for b in budgets]
+    assert sum(depths) < 8 * 8
+    models = planner.lane_models(policies, [64] * 8, [1.0] * 8)
+    assert planner.rate(models, depths, 8) > planner.rate(models, [8] * 8, 8)
+
+
+def test_a_lane_far_ahead_stops_drafting_while_the_last_one_drafts():
+    """A batch ends with its last lane: the lane with 4 tokens left at 3 a step gives its nodes up to the lane
+    with 60 left at 1 a step."""
+    profile = curve(0.01, lambda n: 1.0 + 0.15 * n)
+    policies = [lane(profile, 0.75), lane(profile, 0.75)]
+    ahead, behind = plan(policies, remaining=[4, 60], per_step=[3.0, 1.0])
+    assert ahead.max_depth == 0 and behind.max_depth > 0
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_the_plan_never_loses_to_plain_decoding_by_its_own_model(seed):
+    rng = random.Random(seed)
+    slope = rng.uniform(0.0, 1.0)
+    profile = curve(0.01, lambda n: 1.0 + slope * n ** rng.uniform(0.5, 1.5))
+    n = rng.randint(2, 8)
+    policies = [lane(profile, rng.uniform(0.05, 0.95), Budget(rng.randint(1, 8), 16), rng.uniform(0, 0.004))
+                for _ in range(n)]
+    remaining, per_step = [rng.randint(1, 64) for _ in policies], [rng.uniform(1, 4) for _ in policies]
+    planner = BatchPlanner(policies)
+    models = planner.lane_models(policies, remaining, per_step)
+    depths, value = planner.plan(models, n)
+    assert value == pytest.approx(planner.rate(models, depths, n))
+    assert value >= planner.rate(models, [0] * n, n)
+    assert all(0 <= d <= m.top for d, m in zip(depths, models))
+
+
+def test_the_forward_model_learns_what_the_steps_measured():
+    policies = [lane(curve(0.01, lambda n: 1.0 + 0.1 * n), 0.5) for _ in range(2)]
+    planner = BatchPlanner(policies)
+    for _ in range(30):
+        planner.observe(9, 3 * planner._modeled(9))
+    assert planner.forward_s(9) == pytest.approx(3 * planner._modeled(9), rel=0.01)
+
+
+def test_only_lanes_all_under_the_controller_are_planned():
+    auto = AutoBudget(None, Budget(4, 4), profile=curve(0.01, lambda n: 1.0), cache_profile=False)
+    from draftkit.verify.budget import FixedBudget
+
+    assert BatchPlanner.over([auto]) is None
+    assert BatchPlanner.over([auto, FixedBudget(Budget(2, 2))]) is None
+    assert isinstance(BatchPlanner.over([auto, auto]), BatchPlanner)
+
+
+class Oracle:
+    """Proposes the target's own greedy continuation: every node passes, so lanes finish unevenly only by
+    what the planner gives them."""
+
+    def __init__(self, model, max_depth=4):
+        self.model, self.budget_cap = model, Budget(max_depth, max_depth)
+
+    def reset(self, prompt):
+        pass
+
+    def propose(self, state):
+        depth = min(state.budget.max_depth, state.budget.max_nodes)
+        ids, out = state.tokens[None], []
+        for _ in range(depth):
+            nxt = self.model(ids).logits[0, -1].argmax()
+            out.append(int(nxt))
+            ids = torch.cat([ids, nxt.view(1, 1)], 1)
+        return DraftTree.chain(out, device=state.tokens.device) if out else DraftTree.empty(state.tokens.device)
+
+    def update(self, result):
+        pass
+
+
+def test_planned_batches_decode_exactly_what_plain_batches_decode():
+    torch.manual_seed(0)
+    model = tiny_model("llama")
+    prompts = [torch.randint(0, 60, (n,)) for n in (5, 9, 7)]
+    plain = generate_packed(model, prompts, [NoDrafter() for _ in prompts],
+                            max_new_tokens=12, eos_token_id=[], logprobs=False)
+    drafted = generate_packed(model, prompts, [Oracle(model) for _ in prompts], max_new_tokens=12, eos_token_id=[],
+                              logprobs=False)
+    assert [o.tokens.tolist() for o in drafted.outputs] == [o.tokens.tolist() for o in plain.outputs]
+    assert any(s.drafted for o in drafted.outputs for s in o.stats.decode_steps)

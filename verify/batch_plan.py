@@ -1,0 +1,146 @@
+"""Budgets for the lanes of one packed step, chosen together.
+
+Each lane's controller (verify/controller.py) prices its nodes as if its tree were the step's only one: from
+one sequence's cost curve, where the first nodes ride on a forward that is mostly overhead. In a batch every
+lane's tree joins ONE forward whose rows are already many (8 lanes: 8 rows before any node), so the nodes of
+eight lanes that each think they are nearly free make the forward several times dearer, and every lane waits
+for it. Chosen lane by lane, drafters that pay at batch 4 lost at batch 8 (lookahead 0.72x at tau 2.07).
+
+Model of a packed step with L live lanes, lane i drafting depth D_i (N_i(D_i) nodes, its tree shape):
+
+    committed   E = sum_i (1 + sum_{d=1..D_i} R_{i,d})          (R: the lane's AcceptanceModel.reach)
+    seconds     T = f(q) + sum_i draft_i(D_i)                   q = sum_i (pending_i + N_i(D_i))
+
+draft_i: the lane's fitted drafting time (lanes draft one after another); f(q): the target forward over q
+rows, the lanes' profile curve f(q) = plain_s * c(q - 1), scaled by what the batch's own steps measured
+(one factor, refined per size, as the controller scales its curve). 
+A batch is done when its last lane is: a token committed by a lane far ahead of the others shortens nothing
+(measured: lookahead at tau 1.8 took 54 steps where plain decoding took 63, its lanes finishing unevenly, and
+lost 32% for trees that every lane paid for). So lane i's committed tokens are weighted by how close it is to
+being the last to finish: w_i = s_i / max_j s_j, s_i = its tokens left / its committed tokens per step so
+far. Lanes behind draft deep; lanes ahead stop drafting and stop making every lane's forward dearer; with
+lanes alike (or continuous batching, where every token counts) every w_i is 1.
+
+The plan maximizes sum_i w_i E_i / T (Dinkelbach): for a throughput guess lam, each lane alone maximizes
+w_i E_i(D) - lam * (f'(q) N_i(D) + draft_i(D)), with f linearized at the previous guess's q; lam <- the
+objective of that choice. The best choice of a few rounds, all-plain included, is kept, so the plan is never
+worse than plain decoding by its own model.
+"""
+from __future__ import annotations
+
+from draftkit.verify.contract import Budget
+from draftkit.verify.controller import AutoBudget
+
+ROUNDS = 4  # Dinkelbach rounds per step (converges in 2-3; each is L x depth evaluations)
+
+
+class BatchPlanner:
+    """One per packed decoding; `budgets` before each step, `observe` after it."""
+
+    def __init__(self, policies: list[AutoBudget]):
+        self.policies = policies
+        self.scale: float | None = None  # measured / modeled forward seconds of this run's steps (EMA)
+        self.correction: dict[int, float] = {}  # per profile size, on top of scale (EMA)
+
+    @classmethod
+    def over(cls, policies) -> "BatchPlanner | None":
+        """A planner when every lane runs the cost-aware controller and there is more than one lane."""
+        if len(policies) > 1 and all(isinstance(p, AutoBudget) for p in policies):
+            return cls(list(policies))
+        return None
+
+    # ------------------------------------------------------------------ the forward's cost
+
+    def _modeled(self, q: int) -> float:
+        prof = self.policies[0].profile
+        return prof.plain_s * prof.c(q - 1)
+
+    def _bucket(self, q: int) -> int:
+        return min(self.policies[0].profile.sizes, key=lambda s: abs(s - (q - 1)))
+
+    def forward_s(self, q: int) -> float:
+        """Seconds of the target forward over q rows (all lanes' pending tokens and nodes)."""
+        return self._modeled(q) * (self.scale or 1.0) * self.correction.get(self._bucket(q), 1.0)
+
+    def observe(self, q: int, seconds: float) -> None:
+        """A step's forward (its acceptance walks and commit included) over q rows took `seconds`."""
+        ratio = seconds / self._modeled(q)
+        self.scale = ratio if self.scale is None else 0.8 * self.scale + 0.2 * ratio
+        b = self._bucket(q)
+        old, residual = self.correction.get(b), ratio / self.scale
+        self.correction[b] = residual if old is None else 0.7 * old + 0.3 * residual
+
+    # ------------------------------------------------------------------ the plan
+
+    def budgets(self, policies: list[AutoBudget], pending: list[int], remaining: list[int],
+                per_step: list[float]) -> list[Budget]:
+        """Each live lane's budget. policies: the live lanes' controllers; pending: tokens each feeds before
+        its tree (the bonus and forced tokens); remaining: tokens each may still commit; per_step: tokens
+        each committed per step so far (1.0 before its first step). A lane planned plain may still probe."""
+        lanes = self.lane_models(policies, remaining, per_step)
+        base_q = sum(pending)
+        best, rate = self.plan(lanes, base_q)
+        q = base_q + sum(ln.nodes[d] for ln, d in zip(lanes, best))
+        slope, step_s = self._slope(q, len(lanes)), self.forward_s(q)
+        out = []
+        for ln, d in zip(lanes, best):
+            below, above = (d, d + 1) if d < ln.top else (max(d - 1, 0), d)  # at the top: the step to it
+            marginal = slope * (ln.nodes[above] - ln.nodes[below]) + ln.draft[above] - ln.draft[below]
+            share = step_s * (1 + ln.nodes[d]) / q + ln.draft[d]  # the lane's part of the step, for reports
+            times = [share] * len(ln.gains)
+            # a path of this lane is worth a level if its chance, weighted, beats what the level costs
+            out.append(ln.policy.choose(d, marginal, rate / max(ln.weight, 1e-3), ln.gains, times))
+        return out
+
+    @staticmethod
+    def lane_models(policies: list[AutoBudget], remaining: list[int], per_step: list[float]) -> list["_LaneModel"]:
+        steps_left = [r / max(e, 1.0) for r, e in zip(remaining, per_step)]
+        last = max(steps_left) or 1.0
+        return [_LaneModel(p, r, s / last) for p, r, s in zip(policies, remaining, steps_left)]
+
+    def plan(self, lanes: list["_LaneModel"], base_q: int) -> tuple[list[int], float]:
+        """(each lane's depth, the objective's value there): the best of all-plain and a few Dinkelbach rounds."""
+        plain = [0] * len(lanes)
+        best, best_rate = plain, self.rate(lanes, plain, base_q)
+        depths, lam = plain, best_rate
+        for _ in range(ROUNDS):
+            q = base_q + sum(ln.nodes[d] for ln, d in zip(lanes, depths))
+            slope = self._slope(q, len(lanes))
+            depths = [ln.best(lam, slope) for ln in lanes]
+            rate = self.rate(lanes, depths, base_q)
+            if rate > best_rate:
+                best, best_rate = depths, rate
+            if abs(rate - lam) <= 1e-6 * lam:
+                break
+            lam = rate
+        return best, best_rate
+
+    def _slope(self, q: int, lanes: int) -> float:
+        """f'(q): seconds per row near q (over a lane's worth of rows: the curve is measured at coarse sizes)."""
+        step = max(lanes, 4)
+        return max(0.0, (self.forward_s(q + step) - self.forward_s(q)) / step)
+
+    def rate(self, lanes: list["_LaneModel"], depths: list[int], base_q: int) -> float:
+        """The objective: expected committed tokens per second of the step with these depths, each lane's
+        tokens weighted by how close it is to being the batch's last."""
+        q = base_q + sum(ln.nodes[d] for ln, d in zip(lanes, depths))
+        seconds = self.forward_s(q) + sum(ln.draft[d] for ln, d in zip(lanes, depths))
+        return sum(ln.weight * ln.gains[d] for ln, d in zip(lanes, depths)) / seconds
+
+
+class _LaneModel:
+    """One lane's tables by depth 0..top: expected committed tokens, nodes, drafting seconds; its weight."""
+
+    def __init__(self, policy: AutoBudget, remaining: int, weight: float):
+        self.policy, self.weight = policy, weight
+        depths = range(policy.cap.max_depth + 1)  # the tables cover the cap: a probe reads level 1
+        self.top = max(0, min(policy.cap.max_depth, remaining - 1))  # deeper than what is left commits nothing
+        reach = policy.acceptance.reach()
+        self.gains = [1.0 + sum(reach[:d]) for d in depths]
+        self.nodes = [policy.nodes(d) if d else 0 for d in depths]
+        self.draft = [policy.draft_cost(d) for d in depths]
+
+    def best(self, lam: float, slope: float) -> int:
+        """The depth maximizing gains - lam * (the forward's cost of its nodes + its drafting)."""
+        return max(range(self.top + 1),
+                   key=lambda d: self.weight * self.gains[d] - lam * (slope * self.nodes[d] + self.draft[d]))
