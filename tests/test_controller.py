@@ -322,3 +322,24 @@ def test_an_idle_drafter_probes_with_one_level_of_two_nodes():
     late = [g for g in given[100:] if g[0]]
     assert late and all(g == (1, ctl.PROBE_NODES) for g in late)
     assert len(late) <= 200 // ctl.PROBE_WAIT_MAX + 1
+
+
+def test_a_probe_s_catch_up_does_not_make_drafting_look_dearer():
+    """A probe after idle steps also runs every idle token through the draft (EAGLE's catch-up): its drafting
+    time bounds a steady step's from above. It may lower the fitted cost, never raise it; a drafted step that
+    is not a probe still can."""
+    profile = flat(0.0, plain_s=0.01)
+    policy = AutoBudget(None, Budget(1, 2), profile=profile, cache_profile=False)
+    policy.acceptance = AcceptanceModel(1, prior_rate=0.05, prior_weight=1e9)  # never pays: idles, probes
+    policy.draft_cost.observe(1, 0.001)
+    probes = 0
+    for _ in range(200):
+        b = policy.budget(100)
+        if b.max_depth:
+            probes += 1
+            policy.observe(StepStats(b.max_nodes, 1, 0, 1, 0.02, profile.plain_s), 100)  # 20x the steady cost
+        else:
+            policy.observe(StepStats(0, 0, 0, 1, 0.0, profile.plain_s), 100)
+    assert probes >= 5 and policy.draft_cost(1) == pytest.approx(0.001)
+    policy.observe(StepStats(2, 1, 0, 1, 0.02, profile.plain_s), 100)  # not a probe: a dearer drafter now
+    assert policy.draft_cost(1) > 0.002

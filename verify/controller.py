@@ -287,6 +287,7 @@ class AutoBudget:
         self.correction: dict[int, float] = {}  # per profile size, on top of scale (EMA)
         self._plain_steps, self._stale, self._measured_at = 0, False, 0.0
         self.probe_every, self._probe_wait, self._idle = probe_every, probe_every, 0
+        self._probing = False  # the last budget given was a probe
         self._drafted_run = 0  # drafted steps since the last plain step
         self._lanes = 1  # the most sequences in one forward since start(): 1 for single-sequence decoding. In a
         # batch a lane's share of a plain step is no plain step's cost, and its last steps alone still attend over
@@ -354,6 +355,7 @@ class AutoBudget:
             # again; deeper levels take its rate until they are tried (AcceptanceModel.rates). A probe at the
             # deepest level cost a silent drafter up to 5% of plain decoding (16 nodes every 16 steps)
             self._idle, self._probe_wait = 0, min(self._probe_wait * 2, PROBE_WAIT_MAX)
+            self._probing = True
             return self._give(Budget(1, min(self.nodes(1), PROBE_NODES)), gains[1], times[1])
         self._probe_wait = self.probe_every
         floor = min(0.5, max(0.0, marginal_s) * rate)
@@ -369,6 +371,7 @@ class AutoBudget:
         if step.prefill:  # the prompt's forward says nothing about a decoding step's cost
             return
         self._lanes = max(self._lanes, step.lanes)
+        probing, self._probing = self._probing, False
         if not step.drafted:  # a plain step measures t_plain itself
             if self._lanes == 1:  # in a batch, a lane's share of the forward (1 row of q) is no plain step's
                 self._drafted_run = 0  # cost: taken as one, it made every lane's drafting look q times dearer
@@ -380,7 +383,12 @@ class AutoBudget:
             return
         self._drafted_run += 1
         self.acceptance.observe(step.depth, step.accepted)
-        self.draft_cost.observe(step.depth, step.draft_s)
+        # a probe's drafting also catches up on every token of the idle steps before it (EAGLE runs them through
+        # its draft in one forward), which a drafter drafting every step never pays: it bounds a steady step's
+        # cost from above, so it may lower the fit but not raise it. Taken as is, a probe after 16 idle steps
+        # confirmed that drafting was dear, and a hybrid that had idled once idled a whole sequence
+        expected = self.draft_cost(step.depth)
+        self.draft_cost.observe(step.depth, min(step.draft_s, expected) if probing and expected else step.draft_s)
         # the measured verify time rescales the whole curve, and refines it near this size
         ratio = step.verify_s / (self.profile.plain_s * self.profile.c(step.drafted))
         self.scale = ratio if self.scale is None else 0.8 * self.scale + 0.2 * ratio
