@@ -250,7 +250,7 @@ class EagleDrafter:
     max_depth: draft depth; max_nodes: tree size cap; top_k: children expanded per frontier node
     (1: a single chain, sampled from q in sampling mode). The budget each step may be smaller.
     temperature: the draft's q temperature when sampling (default: the sampling temperature).
-    Under sampling a tree's children are drawn from q without replacement (tree_search.sampled_tree);
+    Under sampling a tree's children are drawn from q without replacement (tree_search.sampled_search);
     `sampling`: the decoding's Sampling, whose top-k / top-p q then gets too.
     """
 

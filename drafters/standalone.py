@@ -41,7 +41,7 @@ class StandaloneDrafter:
     top_k: children expanded per node (1 = chain). The budget each step may be smaller.
     In sampling mode a chain is sampled from the draft at `temperature` (default: the sampling
     temperature) and q returned; a tree's children are drawn from q without replacement
-    (drafters.tree_search.sampled_tree; verified by recursive rejection sampling). `sampling`:
+    (drafters.tree_search.sampled_search; verified by recursive rejection sampling). `sampling`:
     the decoding's Sampling, whose top-k / top-p q then gets too. Greedy trees are deterministic
     top-k proposals (one-hot q). Acceptance is lossless either way.
     """

@@ -7,7 +7,7 @@ everything seen. A chain is top_k = 1 (and may be sampled, giving q).
 Both trees stop expanding paths whose draft probability is below the budget's
 `min_path_prob`.
 
-When sampling, `sampled_tree` draws every node's children from q WITHOUT
+When sampling, `sampled_search` draws every node's children from q WITHOUT
 replacement (Gumbel-top-k on log q at the sampling temperature; Jeon et al. 2024)
 and returns q and draws=WITHOUT_REPLACEMENT, for the verifier's recursive
 rejection sampling. That rule is exact only if, at every slot, the children are
@@ -22,7 +22,10 @@ later draft forward could still extend; nothing drawn is ever dropped. The
 `DRAFTKIT_SAMPLED_TREES=0` environment variable turns this off (deterministic
 top-k trees with one-hot q under sampling too, as before).
 
-The drafter supplies `forward(tokens, parent_rows, block, depths)`:
+Each search is a generator (`Search`): it yields the draft forwards it needs and is sent their logits, so
+one drafter runs them one after another (`draft`, `run_search`) and a drafter of several lanes answers the
+same level of every lane's search with one batched forward (drafters/eagle_lanes.py). A forward request is
+`(tokens, parent_rows, block, depths)`:
     tokens      (k,) long   the frontier nodes to run
     parent_rows (k,) long   each node's parent's row in run order (-1: the root)
     block       (k, E + k) bool  what each node may see among the E nodes already run this step
@@ -36,7 +39,7 @@ from __future__ import annotations
 
 import math
 import os
-from typing import Callable
+from typing import Callable, Generator
 
 import torch
 
@@ -44,6 +47,9 @@ from draftkit.verify.accept import Sampling, sample_from, target_probs
 from draftkit.verify.contract import WITHOUT_REPLACEMENT, DraftTree
 
 Forward = Callable[[torch.Tensor, torch.Tensor, "torch.Tensor | None", torch.Tensor], torch.Tensor]
+#: a search yields each draft forward it needs as (tokens, parent_rows, block, depths), is sent that forward's
+#: (k, V) logits, and returns its DraftTree
+Search = Generator[tuple, torch.Tensor, DraftTree]
 
 
 def generator_on(gen: torch.Generator | None, device) -> torch.Generator | None:
@@ -76,9 +82,8 @@ def gumbel_order(q: torch.Tensor, k: int, gen: torch.Generator | None) -> torch.
     return (q.log() - noise.clamp_min_(torch.finfo(noise.dtype).tiny).log()).topk(k, dim=-1).indices
 
 
-def sample_chain(root_logits: torch.Tensor, forward: Forward, depth: int, greedy: bool,
-                 gen: torch.Generator | None = None, temperature: float = 1.0,
-                 sampling: Sampling | None = None) -> DraftTree:
+def chain_search(root_logits: torch.Tensor, depth: int, greedy: bool, gen: torch.Generator | None = None,
+                 temperature: float = 1.0, sampling: Sampling | None = None) -> Search:
     """A chain of `depth` tokens; sampled from q = draft_probs(logits) unless greedy (then q is None)."""
     dev = root_logits.device
     gen = generator_on(gen, dev)
@@ -94,14 +99,14 @@ def sample_chain(root_logits: torch.Tensor, forward: Forward, depth: int, greedy
         picked.append(tok)
         if d + 1 == depth:
             break
-        logits = forward(tok, rows[d:d + 1], None, rows[d + 2:d + 3])[0]
+        logits = (yield tok, rows[d:d + 1], None, rows[d + 2:d + 3])[0]
     tokens = torch.cat(picked).tolist()  # the drafter's one read of its chain
     # node d went through the draft as its d-th row; the last one did not
     return DraftTree.from_lists(tokens, list(range(-1, depth - 1)), dev, torch.stack(qs) if qs else None,
                                 extra=list(range(depth - 1)) + [-1])
 
 
-def dynamic_tree(root_logits: torch.Tensor, forward: Forward, depth: int, top_k: int, max_nodes: int) -> DraftTree:
+def topk_search(root_logits: torch.Tensor, depth: int, top_k: int, max_nodes: int) -> Search:
     """EAGLE-2 style tree of at most max_nodes deterministic nodes (q is None: lossless with one-hot q): each
     level expands the top_k best paths so far; the budget's depth, chosen from measured acceptance, ends it."""
     dev = root_logits.device
@@ -123,7 +128,7 @@ def dynamic_tree(root_logits: torch.Tensor, forward: Forward, depth: int, top_k:
         new[:, e:] = torch.eye(k, dtype=torch.bool, device=dev)
         anc = torch.cat([torch.cat([anc, torch.zeros(e, k, dtype=torch.bool, device=dev)], 1), new], 0)
         row_of[frontier] = torch.arange(e, e + k, device=dev)
-        logits = forward(all_toks[frontier], parent_rows, new, torch.full((k,), d, device=dev))
+        logits = yield all_toks[frontier], parent_rows, new, torch.full((k,), d, device=dev)
         run = torch.cat([run, frontier])
         child = logits.float().log_softmax(-1).topk(top_k)  # (k, top_k)
         cand = torch.cat(scores)[frontier][:, None] + child.values  # (k, top_k)
@@ -143,9 +148,9 @@ def dynamic_tree(root_logits: torch.Tensor, forward: Forward, depth: int, top_k:
     return _select(*host, max_nodes, dev)
 
 
-def sampled_tree(root_logits: torch.Tensor, forward: Forward, depth: int, top_k: int, max_nodes: int,
-                 gen: torch.Generator | None = None, temperature: float = 1.0, sampling: Sampling | None = None,
-                 min_path_prob: float = 0.0) -> DraftTree:
+def sampled_search(root_logits: torch.Tensor, depth: int, top_k: int, max_nodes: int,
+                   gen: torch.Generator | None = None, temperature: float = 1.0, sampling: Sampling | None = None,
+                   min_path_prob: float = 0.0) -> Search:
     """A tree of at most max_nodes nodes and depth `depth` whose siblings are drawn from q without
     replacement (at most top_k children per node); q (n, V) holds each node's parent's q row in
     full and draws=WITHOUT_REPLACEMENT. See the module notes for why it grows best-first.
@@ -224,8 +229,8 @@ def sampled_tree(root_logits: torch.Tensor, forward: Forward, depth: int, top_k:
         for b, i in enumerate(batch):
             row[i] = e + b
             slot_node.append(i)
-        logits = forward(torch.tensor([tok[i] for i in batch], device=dev), torch.tensor(parent_rows, device=dev),
-                         new.to(dev), torch.tensor([dep[i] for i in batch], device=dev))
+        logits = yield (torch.tensor([tok[i] for i in batch], device=dev), torch.tensor(parent_rows, device=dev),
+                        new.to(dev), torch.tensor([dep[i] for i in batch], device=dev))
         prepare(logits)
         forwards_left -= 1
         if forwards_left == 0:
@@ -289,24 +294,41 @@ def kept_entries(tree: DraftTree, accepted: list[int]) -> list[int]:
     return entries
 
 
+def run_search(search: Search, forward: Forward) -> DraftTree:
+    """Drive a search with one drafter's draft forward: every request it yields is answered at once."""
+    try:
+        request = next(search)
+        while True:
+            request = search.send(forward(*request))
+    except StopIteration as done:
+        return done.value
+
+
 def draft(root_logits: torch.Tensor, forward: Forward, state, top_k: int, temperature: float | None = None,
           sampling=None) -> DraftTree:
-    """The proposal of an autoregressive drafter within state.budget: a chain (top_k 1, sampled from q when
-    sampling), a tree sampled without replacement (sampling), or the EAGLE-2 top-k tree (greedy). Sampled
-    draws come from state.generator (the run's seed)."""
+    """The proposal of an autoregressive drafter within state.budget (see `search`), its forwards run one after
+    another by `forward`."""
+    return run_search(search(root_logits, state, top_k, temperature, sampling), forward)
+
+
+def search(root_logits: torch.Tensor, state, top_k: int, temperature: float | None = None, sampling=None) -> Search:
+    """The search for an autoregressive drafter's proposal within state.budget: a chain (top_k 1, sampled from
+    q when sampling), a tree sampled without replacement (sampling), or the EAGLE-2 top-k tree (greedy). Sampled
+    draws come from state.generator (the run's seed). A drafter of several lanes drives one search per lane and
+    answers each level's requests of every lane with one draft forward."""
     budget, gen = state.budget, state.generator
     depth = min(budget.max_depth, budget.max_nodes)
     temperature = temperature or state.temperature
     sampling = sampling or state.sampling
     if top_k == 1:
-        return sample_chain(root_logits, forward, depth, state.greedy, gen, temperature, sampling)
+        return (yield from chain_search(root_logits, depth, state.greedy, gen, temperature, sampling))
     # budget.min_path_prob is not applied here: a draft trained to regress the target's features (EAGLE) gives
     # soft distributions whose path probabilities sit far below the acceptance measured for them (measured on the
     # shipped EAGLE-2: depth-2 acceptance 0.43 at full depth, 0.06 once paths were cut at the floor), so the
     # controller's per-depth rates, measured on accepted tokens, choose the depth instead
     if not state.greedy and sampled_trees_enabled():
-        return sampled_tree(root_logits, forward, depth, top_k, budget.max_nodes, gen, temperature, sampling)
-    return dynamic_tree(root_logits, forward, depth, top_k, budget.max_nodes)
+        return (yield from sampled_search(root_logits, depth, top_k, budget.max_nodes, gen, temperature, sampling))
+    return (yield from topk_search(root_logits, depth, top_k, budget.max_nodes))
 
 
 def depth_lookup(depth_logits: torch.Tensor) -> Forward:

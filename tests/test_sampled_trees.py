@@ -22,7 +22,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from draftkit.drafters.eagle import EagleDraftModel, EagleDrafter
 from draftkit.drafters.medusa import MedusaDrafter, MedusaHeads
 from draftkit.drafters.standalone import StandaloneDrafter
-from draftkit.drafters.tree_search import gumbel_order, sampled_tree
+from draftkit.drafters.tree_search import gumbel_order, run_search, sampled_search
 from tests.models import tiny_model
 from draftkit.verify.accept import Sampling, sample_accept
 from draftkit.verify.contract import IID, WITHOUT_REPLACEMENT, DraftTree
@@ -145,7 +145,8 @@ def test_sampled_tree_shape(depth, top_k, max_nodes):
     root = 3 * torch.randn(16)
     gen = torch.Generator().manual_seed(0)
     for _ in range(20):
-        tree = sampled_tree(root, toy_forward(table), depth, top_k, max_nodes, gen, temperature=0.8).validate(16)
+        tree = run_search(sampled_search(root, depth, top_k, max_nodes, gen, temperature=0.8),
+                          toy_forward(table)).validate(16)
         assert tree.draws == WITHOUT_REPLACEMENT and tree.q.shape == (len(tree), 16)
         assert 1 <= len(tree) <= max_nodes and tree.max_depth <= depth
         for slot, kids in enumerate(tree.children):
@@ -165,7 +166,7 @@ def test_sampled_tree_first_child_is_a_draw_from_q():
     gen = torch.Generator().manual_seed(0)
     counts = torch.zeros(6)
     for _ in range(3000):
-        tree = sampled_tree(root, toy_forward(torch.zeros(6, 6)), 2, 3, 6, gen)
+        tree = run_search(sampled_search(root, 2, 3, 6, gen), toy_forward(torch.zeros(6, 6)))
         counts[tree.host_tokens[tree.children[0][0] - 1]] += 1
     assert chi2_pvalue(counts, q) > P_OK
 
@@ -175,7 +176,7 @@ def test_min_path_prob_stops_expansion():
     table = torch.tensor([[4.0, 0.0, 0.0, 0.0]] * 4)
     gen = torch.Generator().manual_seed(0)
     for _ in range(20):
-        tree = sampled_tree(root, toy_forward(table), 4, 4, 16, gen, min_path_prob=0.5)
+        tree = run_search(sampled_search(root, 4, 4, 16, gen, min_path_prob=0.5), toy_forward(table))
         path = [1.0]  # path probability of each slot
         for i, (t, pa) in enumerate(zip(tree.host_tokens, tree.host_parents)):
             path.append(path[pa + 1] * float(tree.q[i, t]))
