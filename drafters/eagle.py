@@ -275,7 +275,8 @@ class EagleDrafter:
         self.temperature = temperature
         self.sampling = sampling
         self.masks = MaskBuffer(self.dtype, self.device)
-        self.cache = KVBuffer(num_layers=1, capacity=0)
+        self.own_cache = KVBuffer(num_layers=1, capacity=0)  # while in a batch's group: a row of the group's
+        self.cache = self.own_cache
         self.reset(None)
 
     @classmethod
@@ -285,7 +286,22 @@ class EagleDrafter:
 
         return cls(target, load_eagle_draft(path, target), **flags)
 
+    def lane(self) -> "EagleDrafter":
+        """A drafter for another lane of a batch: the same draft (its weights shared, so the lanes can draft
+        together) and settings, a state of its own."""
+        cap = self.budget_cap
+        return type(self)(self.target, self.draft, max_depth=cap.max_depth, max_nodes=cap.max_nodes,
+                          top_k=self.top_k, temperature=self.temperature, sampling=self.sampling)
+
+    @classmethod
+    def draft_lanes(cls, drafters: list) -> "EagleLanes | None":
+        """The lanes of a batch drafting together (drafters/eagle_lanes.py), when they share a draft and settings."""
+        from draftkit.drafters.eagle_lanes import EagleLanes
+
+        return EagleLanes(drafters) if cls is EagleDrafter and EagleLanes.compatible(drafters) else None
+
     def reset(self, prompt) -> None:
+        self.cache = self.own_cache  # out of any batch's group
         self.cache.reset()  # committed pairs (committed tokens - 1)
         self.cache.reserve(2 * (prompt.numel() if prompt is not None else 0) + 256)
         self.bank = None  # row 0: f^ at the root; row e + 1: output of the e-th node run this step

@@ -31,7 +31,7 @@ from draftkit.models import load_model, load_target
 
 DRAFTERS = tuple(REGISTRY)
 
-__all__ = ["BestOfN", "Budget", "DRAFTERS", "best_of_n", "generate_batch", "DecodeState", "DraftTree", "Drafter",
+__all__ = ["BestOfN", "Budget", "DRAFTERS", "best_of_n", "generate_batch", "lane_drafters", "DecodeState", "DraftTree", "Drafter",
            "GenerationOutput", "Grammar", "GrammarError", "NoDrafter", "Sampling",
            "StepResult", "ZooError", "generate", "load_model", "load_target", "make_drafter"]
 
@@ -45,12 +45,21 @@ def make_drafter(method: str, target, path: str | None = None, tokenizer=None, *
     return build(method, target, path, tokenizer, **flags)
 
 
+def lane_drafters(method: str, target, n: int, path: str | None = None, tokenizer=None, **flags) -> list[Drafter]:
+    """n drafters of one method for the n lanes of a batch, each with a state of its own. Drafters that can
+    (`lane()`: EAGLE) share the first one's model, which loads once and lets the lanes draft together."""
+    first = make_drafter(method, target, path, tokenizer, **flags)
+    more = getattr(first, "lane", None)
+    return [first] + [more() if more else make_drafter(method, target, path, tokenizer, **flags)
+                      for _ in range(n - 1)]
+
+
 def _lanes(drafter, target, n: int) -> list:
     """n drafters: `drafter` is a method name, a callable returning a fresh drafter, or None (plain)."""
     if drafter is None:
         return [NoDrafter() for _ in range(n)]
     if isinstance(drafter, str):
-        return [make_drafter(drafter, target) for _ in range(n)]
+        return lane_drafters(drafter, target, n)
     if callable(drafter) and not isinstance(drafter, Drafter):
         return [drafter() for _ in range(n)]
     raise TypeError("pass a drafter name or a callable that returns a fresh drafter: each sequence needs its own")

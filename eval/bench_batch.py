@@ -41,7 +41,7 @@ def _ints(text: str, flag: str) -> list[int]:
 def run_batches(target, prompts, names, batch_sizes, n_new, repeats, budget, compile=False) -> list[dict]:
     """One row per (method, batch size), speedups against plain batched decoding of the same size. compile: every
     method's verify forward compiled (generate_packed)."""
-    pools = {name: [dk.make_drafter(name, target) for _ in range(max(batch_sizes))] for name in names}
+    pools = {name: dk.lane_drafters(name, target, max(batch_sizes)) for name in names}
     rows = []
     for b in batch_sizes:
         batch = prompts[:b]
@@ -78,7 +78,7 @@ def run_best_of(target, prompt, names, ns, n_new, repeats, temperature) -> list[
     for n in ns:
         times = {name: [] for name in ("plain", *names)}
         res = {}
-        lanes = {name: [dk.make_drafter(name, target) for _ in range(n)] for name in names}
+        lanes = {name: dk.lane_drafters(name, target, n) for name in names}
         for r in range(repeats + 1):  # the first round warms up
             for name in ("plain", *names):
                 pool = iter(lanes.get(name, []))

@@ -296,6 +296,34 @@ class Drafter(Protocol):
         """Learn what the target kept (roll back caches, store features, harvest n-grams)."""
 
 
+class DraftLanes(Protocol):
+    """Optional, for the lanes of one batch: several drafters of one draft model proposing together.
+
+    A drafter class that can draft several lanes at once offers `draft_lanes(drafters) -> DraftLanes | None`
+    (a classmethod; None: these drafters cannot, for example drafts of different models). The decoding loop
+    asks it once per batch, after every lane's `reset`, for the drafters of the batch's lanes that share a
+    class; the group then proposes for those of them that draft in a step, one draft forward per level for
+    all of them, instead of one forward per lane. `update` stays each drafter's own; the next `reset` of a
+    drafter leaves its group."""
+
+    def propose(self, states: "list[DecodeState | None]") -> list[DraftTree]:
+        """One tree per drafter of the group, in the group's order; a None state asks for no tree."""
+
+
+def lane_groups(drafters: Sequence) -> list[tuple[list[int], DraftLanes]]:
+    """(lane indices, group) for every set of two or more drafters of one class that can draft together."""
+    by_class: dict[type, list[int]] = {}
+    for i, d in enumerate(drafters):
+        if getattr(type(d), "draft_lanes", None) is not None:
+            by_class.setdefault(type(d), []).append(i)
+    out = []
+    for cls, idx in by_class.items():
+        group = cls.draft_lanes([drafters[i] for i in idx]) if len(idx) > 1 else None
+        if group is not None:
+            out.append((idx, group))
+    return out
+
+
 class NoDrafter:
     """Plain autoregressive decoding: always the empty tree."""
 

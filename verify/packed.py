@@ -34,7 +34,7 @@ from draftkit.verify.batch_plan import BatchPlanner
 from draftkit.verify.budget import make_policy
 from draftkit.verify.constraints import make_constraint
 from draftkit.verify.cache import KVBuffer
-from draftkit.verify.contract import Budget, DecodeState, DraftTree, StepResult
+from draftkit.verify.contract import Budget, DecodeState, DraftTree, StepResult, lane_groups
 from draftkit.verify.decode import GenerationOutput, as_prompt, check_room, eos_set, finish
 from draftkit.verify.forward import Verifier, bucket, static_verifier
 from draftkit.verify.stats import DecodeStats, StepStats
@@ -78,27 +78,56 @@ class PackedOutput:
     buffer_bytes: int  # the step's tree buffers: attention mask buffer and the largest logits block
 
 
-def _propose(lane: Lane, ver: Verifier, sampling: Sampling, max_new_tokens: int, vocab: int,
-             draws: torch.Generator | None, planned: Budget | None = None):
+def _state(lane: Lane, ver: Verifier, sampling: Sampling, max_new_tokens: int, draws: torch.Generator | None,
+           planned: Budget | None) -> tuple[DecodeState | None, Budget]:
     """The lane's budget (its policy's, or `planned` by the batch's planner), clipped to the tokens left and the
-    context, its drafter's tree within it (draws: the drafters' random stream, DecodeState.generator), and the
-    tree under the lane's constraint (or None)."""
+    context, and what its drafter reads to propose within it (None: no tree this step). draws: the drafters'
+    random stream (DecodeState.generator)."""
     T = len(lane.tokens)
     given = (lane.policy.budget(T) if planned is None else planned).clip(max_new_tokens - lane.generated)
     if ver.max_len:  # a tree running past the context cannot be verified
         room = ver.max_len - T
         given = Budget(min(given.max_depth, room), min(given.max_nodes, room), given.min_path_prob)
-    tree = DraftTree.empty()
     # after a jump-forward the forced tokens wait in pending: a drafter of the target's hidden states has no
     # features for them until this step's forward feeds them, so it sits this step out
-    if not given.empty and not (getattr(lane.drafter, "hidden_layers", ()) and len(lane.pending) > 1):
-        state = DecodeState(lane.buf[:T], lane.prompt.numel(), given, sampling.greedy, sampling.temperature or 1.0,
-                            None if sampling.greedy else sampling, draws)
-        tree = lane.drafter.propose(state)
-        if ver.max_len and len(tree) > ver.max_len - T:  # a drafter that ignored the budget
-            tree = DraftTree.empty()
+    if given.empty or (getattr(lane.drafter, "hidden_layers", ()) and len(lane.pending) > 1):
+        return None, given
+    return DecodeState(lane.buf[:T], lane.prompt.numel(), given, sampling.greedy, sampling.temperature or 1.0,
+                       None if sampling.greedy else sampling, draws), given
+
+
+def _proposals(live: list[Lane], states: list[DecodeState | None], groups, clock) -> tuple[list, list[float]]:
+    """Each live lane's tree (empty for a None state) and its drafting seconds. Lanes whose drafters draft as
+    a group (contract.lane_groups) propose together, each charged an equal share of the group's time."""
+    trees: list[DraftTree | None] = [None] * len(live)
+    seconds = [0.0] * len(live)
+    where = {ln.index: i for i, ln in enumerate(live)}
+    for members, group in groups:
+        at = [where.get(m) for m in members]  # None: a lane that is done
+        asked = [i for i in at if i is not None and states[i] is not None]
+        if not asked:
+            continue
+        t0 = clock.now()
+        out = group.propose([None if i is None else states[i] for i in at])
+        share = (clock.now() - t0) / len(asked)
+        for i in asked:
+            trees[i], seconds[i] = out[at.index(i)], share
+    for i, (ln, state) in enumerate(zip(live, states)):
+        if trees[i] is None:
+            t0 = clock.now()
+            trees[i] = ln.drafter.propose(state) if state is not None else DraftTree.empty()
+            seconds[i] = clock.now() - t0
+    return trees, seconds
+
+
+def _checked(lane: Lane, tree: DraftTree, ver: Verifier, vocab: int):
+    """The tree validated (empty if it runs past the context: a drafter that ignored its budget) and under the
+    lane's constraint (its ConstrainedStep, or None)."""
+    T = len(lane.tokens)
+    if ver.max_len and len(tree) > ver.max_len - T:
+        tree = DraftTree.empty()
     tree.validate(vocab)
-    return tree, given, lane.constraint.prepare(tree, lane.buf[:T]) if lane.constraint else None
+    return tree, lane.constraint.prepare(tree, lane.buf[:T]) if lane.constraint else None
 
 
 def _verify(ver: Verifier, lanes: list[Lane], trees: list[DraftTree], roots: list[int] | None, sampling, gen,
@@ -186,6 +215,7 @@ def generate_packed(model, prompts, drafters, max_new_tokens: int = 64, sampling
                           buf, pending=p, constraint=constraints[i]))
         d.reset(p)
         pol.start(p.numel())
+    groups = lane_groups(drafters)  # drafters of one draft model propose together (contract.DraftLanes)
 
     # prefill: the shared prompt once, or each lane's prompt on its own (no lane sees another's)
     for group in [lanes] if shared_prompt else [[lane] for lane in lanes]:
@@ -213,18 +243,20 @@ def generate_packed(model, prompts, drafters, max_new_tokens: int = 64, sampling
         live = [ln for ln in lanes if not ln.done]
         if not live:
             break
-        trees, givens, checks, draft_s = [], [], [], []  # each lane's own drafting time, not the batch's
+        t0 = clock.now()
         planned = planner.budgets([ln.policy for ln in live], [len(ln.pending) for ln in live],
                                   [max_new_tokens - ln.generated for ln in live],
                                   [ln.generated / max(len(ln.stats.steps), 1) for ln in live]) \
             if planner and len(live) > 1 else [None] * len(live)
-        for ln, plan in zip(live, planned):
-            t0 = clock.now()
-            tree, given, check = _propose(ln, ver, sampling, max_new_tokens, vocab, draws, plan)
+        states, givens = zip(*[_state(ln, ver, sampling, max_new_tokens, draws, plan) for ln, plan in zip(live, planned)])
+        budget_s = (clock.now() - t0) / len(live)
+        proposed, draft_s = _proposals(live, list(states), groups, clock)  # each lane's own drafting time
+        trees, checks = [], []
+        for ln, tree in zip(live, proposed):
+            tree, check = _checked(ln, tree, ver, vocab)
             trees.append(check.forward_tree if check else tree)  # without the nodes its grammar forbids
-            givens.append(given)
             checks.append(check)
-            draft_s.append(clock.now() - t0)
+        draft_s = [s + budget_s for s in draft_s]
         t1 = clock.now()
         step, logits, hidden, walks, results, top1 = _verify(ver, live, trees, None, sampling, gen, layers,
                                                              checks=checks)
@@ -274,7 +306,8 @@ def generate_packed(model, prompts, drafters, max_new_tokens: int = 64, sampling
         seq = ln.buf[:len(ln.tokens)].clone()
         outs.append(GenerationOutput(seq[ln.prompt.numel():], seq, ln.stats, lossless=sampling.lossless))
     committed = ver.kv.lengths[0]
-    draft_kv = sum(d.cache.nbytes() for d in drafters if isinstance(getattr(d, "cache", None), KVBuffer))
+    caches = {id(d.cache): d.cache for d in drafters if isinstance(getattr(d, "cache", None), KVBuffer)}
+    draft_kv = sum(c.nbytes() for c in caches.values())  # a group's lanes share one buffer
     buffers = ver.masks.nbytes() + ver.peak_logits_bytes
     logps = [[float(x) for x in sync.to_host(torch.cat(ln.logp))] if ln.logp else [] for ln in lanes]
     return PackedOutput(outs, logps, committed, ver.peak_entries, ver.kv.nbytes(), ver.kv.used_bytes(), draft_kv,

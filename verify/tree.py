@@ -109,11 +109,13 @@ class MaskBuffer:
 
 
 def positions(past: list[int], offsets: torch.Tensor) -> torch.Tensor:
-    """(B, q) position ids: row b's first new token is at past[b] + offsets[0]."""
+    """(B, q) position ids: row b's new token j is at past[b] + offsets[j] (offsets (q,), shared by the rows)
+    or past[b] + offsets[b, j] (offsets (B, q): rows of different trees, drafters/eagle_lanes.py)."""
+    rows = offsets if offsets.dim() == 2 else offsets[None]
     if len(set(past)) == 1:  # one row, or rows at the same length: no upload
-        return offsets[None].expand(len(past), -1) + past[0]
+        return rows.expand(len(past), -1) + past[0]
     start = torch.tensor(past, dtype=torch.long, device=offsets.device)[:, None]
-    return start + offsets[None]
+    return start + rows
 
 
 def path_slots(tree: DraftTree, node: int) -> list[int]:

@@ -1,0 +1,142 @@
+"""EAGLE drafters of a batch's lanes drafting together (drafters/eagle_lanes.py): the same trees as alone,
+lossless batches, and each drafter back on its own after its batch."""
+import pytest
+import torch
+
+from tests.test_eagle import _exact_joint, oracle_draft, tiny_target
+from draftkit.drafters.eagle import EagleDraftModel, EagleDrafter
+from draftkit.drafters.eagle_lanes import EagleLanes
+from draftkit.verify.accept import Sampling
+from draftkit.verify.contract import NoDrafter, lane_groups
+from draftkit.verify.decode import generate
+from draftkit.verify.packed import generate_packed
+
+torch.set_num_threads(1)
+
+PROMPTS = [torch.tensor([5]), torch.tensor([3, 17, 42, 8, 8, 61, 0, 9]), torch.arange(20) % 7 + 30,
+           torch.tensor([11, 2, 2, 40])]
+
+
+@pytest.fixture(scope="module")
+def target2():
+    return tiny_target(layers=2, seed=0)
+
+
+def lanes_of(target, draft, n, **flags):
+    first = EagleDrafter(target, draft, **flags)
+    return [first] + [first.lane() for _ in range(n - 1)]
+
+
+def record_trees(monkeypatch, grouped: bool) -> dict:
+    """Every tree proposed, per drafter, in order (host tokens and parents), and the draft's outputs at the root
+    and at every node it ran (bank), which position or mask errors move even where they flip no token."""
+    seen: dict[int, list] = {}
+
+    def keep(d, tree):
+        bank = None if d.bank is None or not len(tree) else d.bank.clone()
+        seen.setdefault(id(d), []).append((tree.host_tokens, tree.host_parents, bank))
+
+    if grouped:
+        original = EagleLanes.propose
+
+        def propose(self, states):
+            out = original(self, states)
+            for d, st, tree in zip(self.drafters, states, out):
+                if st is not None:
+                    keep(d, tree)
+            return out
+        monkeypatch.setattr(EagleLanes, "propose", propose)
+    else:
+        monkeypatch.setattr(EagleDrafter, "draft_lanes", None)
+        original = EagleDrafter.propose
+
+        def propose(self, state):
+            out = original(self, state)
+            keep(self, out)
+            return out
+        monkeypatch.setattr(EagleDrafter, "propose", propose)
+    return seen
+
+
+@pytest.mark.parametrize("kind", ["tree", "chain", "eagle3-tree"])
+def test_lanes_draft_the_trees_each_lane_drafts_alone(target2, kind, monkeypatch):
+    torch.manual_seed(7)
+    draft = EagleDraftModel.from_target(target2, [0, 1, -1] if kind.startswith("eagle3") else None)
+    flags = dict(max_depth=4, top_k=1 if kind.endswith("chain") else 3, max_nodes=10)
+    trees = {}
+    for grouped in (False, True):
+        with monkeypatch.context() as m:
+            seen = record_trees(m, grouped)
+            drafters = lanes_of(target2, draft, len(PROMPTS), **flags)
+            generate_packed(target2, PROMPTS, drafters, max_new_tokens=13, eos_token_id=[], budget="fixed")
+            trees[grouped] = [seen[id(d)] for d in drafters]
+    for alone, together in zip(trees[False], trees[True]):
+        assert [t[:2] for t in together] == [t[:2] for t in alone]
+        for (_, _, a), (_, _, b) in zip(alone, together):
+            assert (a is None) == (b is None) and (a is None or torch.allclose(a, b, atol=1e-5))
+    assert sum(len(t) for lane in trees[True] for t, _, _ in lane) > 0
+
+
+@pytest.mark.parametrize("budget", ["fixed", "auto"])
+@pytest.mark.parametrize("chain", [False, True])
+def test_batched_lanes_decode_what_plain_batches_decode(budget, chain):
+    target = tiny_target(layers=1, seed=3, logit_scale=20.0)
+    drafters = lanes_of(target, oracle_draft(target), len(PROMPTS), max_depth=5, top_k=1 if chain else 4,
+                        max_nodes=16)
+    assert len(lane_groups(drafters)) == 1
+    for n in (2, 9, 23):  # budgets that end mid-draft
+        plain = generate_packed(target, PROMPTS, [NoDrafter() for _ in PROMPTS], n, eos_token_id=[], logprobs=False)
+        out = generate_packed(target, PROMPTS, drafters, n, eos_token_id=[], budget=budget, logprobs=False)
+        assert [o.tokens.tolist() for o in out.outputs] == [o.tokens.tolist() for o in plain.outputs]
+    if budget == "fixed":  # the controller may find drafting does not pay for a model this small
+        assert any(s.accepted >= 2 for o in out.outputs for s in o.stats.decode_steps)
+
+
+def test_a_drafter_decodes_alone_after_its_batch(target2):
+    torch.manual_seed(7)
+    drafters = lanes_of(target2, EagleDraftModel.from_target(target2), 3, max_depth=4, top_k=3, max_nodes=10)
+    generate_packed(target2, PROMPTS[:3], drafters, max_new_tokens=9, eos_token_id=[], budget="fixed")
+    assert drafters[1].cache is drafters[0].cache  # one buffer for the batch
+    ref = generate(target2, PROMPTS[1], max_new_tokens=11, eos_token_id=[])
+    out = generate(target2, PROMPTS[1], drafters[1], max_new_tokens=11, eos_token_id=[], budget="fixed")
+    assert out.tokens.tolist() == ref.tokens.tolist()
+    assert drafters[1].cache is drafters[1].own_cache and drafters[1].cache.batch_size == 1
+
+
+def test_only_drafters_of_one_draft_and_settings_draft_together(target2):
+    torch.manual_seed(7)
+    a, b = EagleDraftModel.from_target(target2), EagleDraftModel.from_target(target2)
+    assert lane_groups([EagleDrafter(target2, a), EagleDrafter(target2, b)]) == []
+    assert lane_groups([EagleDrafter(target2, a, top_k=2), EagleDrafter(target2, a, top_k=3)]) == []
+    shared = lanes_of(target2, a, 3)
+    groups = lane_groups([shared[0], NoDrafter(), shared[1], shared[2]])
+    assert [idx for idx, _ in groups] == [[0, 2, 3]]
+
+
+def test_sampled_lanes_are_lossless():
+    """Four lanes of one prompt, sampled at temperature 1: the 2nd and 3rd tokens of every lane (decided by one
+    depth-2 tree drafted with the other lanes' in one forward per level) follow the target's exact joint."""
+    target = tiny_target(layers=1, vocab=16, seed=0, logit_scale=90.0)
+    prompt = torch.tensor([3, 7, 1, 12, 5])
+    exact = _exact_joint(target, prompt)
+    drafters = lanes_of(target, oracle_draft(target), 4, max_depth=3, top_k=4, max_nodes=8)
+    n, counts = 500, torch.zeros(16, 16)
+    for s in range(n):
+        out = generate_packed(target, [prompt] * 4, drafters, 4, sampling=Sampling(temperature=1.0), eos_token_id=[],
+                              seed=s, budget="fixed", logprobs=False)
+        for o in out.outputs:
+            counts[o.tokens[1], o.tokens[2]] += 1
+    tv = 0.5 * (counts / counts.sum() - exact).abs().sum().item()
+    assert tv < 0.07, tv
+
+
+def test_seeded_sampled_lanes_reproduce(target2):
+    torch.manual_seed(7)
+    drafters = lanes_of(target2, EagleDraftModel.from_target(target2), 3, max_depth=4, top_k=3, max_nodes=10)
+
+    def run(seed):
+        out = generate_packed(target2, PROMPTS[:3], drafters, 12, sampling=Sampling(0.8), eos_token_id=[], seed=seed,
+                              budget="fixed", logprobs=False)
+        return [o.tokens.tolist() for o in out.outputs]
+    assert run(3) == run(3) and run(3) != run(4)
+
