@@ -113,7 +113,8 @@ class EagleLanes:
         block = torch.zeros(n, q, pending + q, dtype=torch.bool, device=dev)
         block[:, torch.arange(q), pending + torch.arange(q)] = True  # padding queries see themselves
         offsets = torch.zeros(n, q, dtype=torch.long, device=dev)
-        feats = torch.zeros(n, q, self.drafters[0].bank.shape[-1], dtype=self.drafters[0].bank.dtype, device=dev)
+        bank = self.drafters[next(iter(requests))].bank  # (rows, H) of a lane that drafts (lane 0 may not)
+        feats = torch.zeros(n, q, bank.shape[-1], dtype=bank.dtype, device=dev)
         ids = torch.zeros(n, q, dtype=torch.long, device=dev)
         for r, (tokens, parent_rows, own, depths) in requests.items():
             d, k, slots = self.drafters[r], size[r], self.slots[r]

@@ -92,6 +92,20 @@ def test_batched_lanes_decode_what_plain_batches_decode(budget, chain):
         assert any(s.accepted >= 2 for o in out.outputs for s in o.stats.decode_steps)
 
 
+def test_lanes_that_finished_leave_the_others_drafting_together(target2):
+    """The first lane ends at its first token (its EOS), before it ever drafts: the group drafts without it,
+    every output still plain decoding's."""
+    torch.manual_seed(7)
+    drafters = lanes_of(target2, EagleDraftModel.from_target(target2), len(PROMPTS), max_depth=4, top_k=3,
+                        max_nodes=10)
+    eos = int(generate(target2, PROMPTS[0], max_new_tokens=1, eos_token_id=[]).tokens[0])
+    plain = generate_packed(target2, PROMPTS, [NoDrafter() for _ in PROMPTS], 15, eos_token_id=[eos], logprobs=False)
+    out = generate_packed(target2, PROMPTS, drafters, 15, eos_token_id=[eos], budget="fixed", logprobs=False)
+    assert [o.tokens.tolist() for o in out.outputs] == [o.tokens.tolist() for o in plain.outputs]
+    lengths = [len(o.tokens) for o in out.outputs]
+    assert lengths[0] == 1 and max(lengths) > 4
+
+
 def test_a_drafter_decodes_alone_after_its_batch(target2):
     torch.manual_seed(7)
     drafters = lanes_of(target2, EagleDraftModel.from_target(target2), 3, max_depth=4, top_k=3, max_nodes=10)
