@@ -16,10 +16,10 @@ way; with a flat c(n) this is the seeds' S(alpha, K, phi) (see `seeds_best_k`).
 
 The profile's times are scaled by what the steps measure (one factor for the whole curve, refined per
 size where steps have measured it), so a profile taken while the machine was busier or quieter than now
-heals. When the measured plain steps keep contradicting the profile's plain step by more than a quarter, the
-next sequence measures it again. Only plain steps judge that: a drafted step also pays what the profile never
-measures (a sampled tree's acceptance), so under sampling its scale sits above 1.33 on a machine that did not
-change, and judging by it re-measured the profile (about 1.4 s on one core) inside a timed sequence.
+heals without being measured again. A decoding never measures it again mid-run: doing so when the steps
+contradicted it (by a sampled tree's acceptance, or by another process starting) cost one sequence about 1.4 s
+on one core, inside a user's call and inside a benchmark's timed run. It is measured when a model is first
+used at a context bucket, after PROFILE_TTL_S, and when a benchmark asks (`for_model(refresh=True)`).
 
 The plain step's time is measured, never inferred while drafting pays: the drafted steps' scale also
 absorbs what only drafted steps pay (the sampled acceptance of a tree, the drafter's reads), so a plain
@@ -53,9 +53,6 @@ from draftkit.verify.stats import StepStats
 PROFILE_SIZES = (1, 2, 4, 8, 16, 32, 64)
 PROFILE_TTL_S = 24 * 3600
 PROBE_WAIT_MAX = 16  # plain steps between probes at most, while probes keep losing
-STALE_AFTER = 3  # measured plain steps before they may declare the profile stale
-STALE_SCALE = (0.75, 1.33)  # measured / profiled plain step time outside this: measure the profile again
-REMEASURE_EVERY_S = 300.0  # at most one re-measurement per policy in this time
 PROBE_NODES = 2  # nodes of a probe: level 1, the best two candidates
 PLAIN_FIRST = 4  # drafted steps before the first plain step is measured
 PLAIN_EVERY = 64  # drafted steps in a row before the plain step is measured again (a changing machine load)
@@ -165,7 +162,7 @@ class CostProfile:
     @classmethod
     def for_model(cls, model, context: int, cache: bool = True, refresh: bool = False) -> "CostProfile":
         """The saved profile for this machine + model + context bucket, measured and saved if absent
-        (or when `refresh`: a benchmark about to start, or a saved profile that the steps contradict)."""
+        (or when `refresh`: a benchmark about to start)."""
         bucket = context_bucket(context)
         key = f"{machine_key(model.device)}|{model_key(model)}|ctx{bucket}"
         path = _cache_dir() / (hashlib.sha256(key.encode()).hexdigest()[:20] + ".json")
@@ -285,7 +282,6 @@ class AutoBudget:
         self.plain_s: float | None = None  # measured plain step seconds (EMA; the profile's until measured)
         self.scale: float | None = None  # measured verify time / the profile's, over every drafted step (EMA)
         self.correction: dict[int, float] = {}  # per profile size, on top of scale (EMA)
-        self._plain_steps, self._stale, self._measured_at = 0, False, 0.0
         self.probe_every, self._probe_wait, self._idle = probe_every, probe_every, 0
         self._probing = False  # the last budget given was a probe
         self._drafted_run = 0  # drafted steps since the last plain step
@@ -297,13 +293,8 @@ class AutoBudget:
 
     def start(self, prompt_len: int) -> None:
         self._lanes = 1
-        if self.profile is None or context_bucket(prompt_len) != self.profile.context or self._stale:
-            refresh = self._stale and time.monotonic() - self._measured_at > REMEASURE_EVERY_S
-            self.profile = CostProfile.for_model(self.model, prompt_len, cache=self.cache_profile, refresh=refresh)
-            if refresh:  # a new curve: what the steps measured against the old one no longer applies
-                self.scale, self.correction, self._plain_steps = None, {}, 0
-                self._measured_at = time.monotonic()
-            self._stale = False
+        if self.profile is None or context_bucket(prompt_len) != self.profile.context:
+            self.profile = CostProfile.for_model(self.model, prompt_len, cache=self.cache_profile)
 
     def nodes(self, depth: int) -> int:
         return min(self.cap.max_nodes, max(depth, round(self.nodes_per_depth * depth)))
@@ -376,10 +367,6 @@ class AutoBudget:
             if self._lanes == 1:  # in a batch, a lane's share of the forward (1 row of q) is no plain step's
                 self._drafted_run = 0  # cost: taken as one, it made every lane's drafting look q times dearer
                 self.plain_s = step.verify_s if self.plain_s is None else 0.9 * self.plain_s + 0.1 * step.verify_s
-                self._plain_steps += 1
-                drift = self.plain_s / self.profile.plain_s
-                if self._plain_steps >= STALE_AFTER and not STALE_SCALE[0] <= drift <= STALE_SCALE[1]:
-                    self._stale = True  # measured again when the next sequence starts
             return
         self._drafted_run += 1
         self.acceptance.observe(step.depth, step.accepted)
