@@ -85,11 +85,17 @@ def test_the_plan_never_loses_to_plain_decoding_by_its_own_model(seed):
 
 
 def test_the_forward_model_learns_what_the_steps_measured():
+    """Steps all of one size rescale the profile's curve; steps of several sizes fit the forward's own line,
+    which then prices sizes never run."""
     policies = [lane(curve(0.01, lambda n: 1.0 + 0.1 * n), 0.5) for _ in range(2)]
     planner = BatchPlanner(policies)
     for _ in range(30):
         planner.observe(9, 3 * planner._modeled(9))
     assert planner.forward_s(9) == pytest.approx(3 * planner._modeled(9), rel=0.01)
+    planner = BatchPlanner(policies)
+    for q in [8, 20, 14, 30, 9, 26] * 3:
+        planner.observe(q, 0.022 + 0.0006 * q)  # what an 8-lane forward on two CPU cores measured
+    assert planner.forward_s(72) == pytest.approx(0.022 + 0.0006 * 72, rel=0.01)
 
 
 def test_only_lanes_all_under_the_controller_are_planned():

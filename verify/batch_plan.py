@@ -11,9 +11,10 @@ Model of a packed step with L live lanes, lane i drafting depth D_i (N_i(D_i) no
     committed   E = sum_i (1 + sum_{d=1..D_i} R_{i,d})          (R: the lane's AcceptanceModel.reach)
     seconds     T = f(q) + sum_i draft_i(D_i)                   q = sum_i (pending_i + N_i(D_i))
 
-draft_i: the lane's fitted drafting time (lanes draft one after another); f(q): the target forward over q
-rows, the lanes' profile curve f(q) = plain_s * c(q - 1), scaled by what the batch's own steps measured
-(one factor, refined per size, as the controller scales its curve). 
+draft_i: the lane's fitted drafting time (its share of its group's, where lanes draft together); f(q):
+the target forward over q rows, a line fitted to the batch's own steps (decayed least squares; a packed
+forward on a CPU grows by a near-constant cost per row once its rows are many) and, until the steps spread
+enough to fit one, the lanes' profile curve f(q) = plain_s * c(q - 1) scaled by what the steps measured. 
 A batch is done when its last lane is: a token committed by a lane far ahead of the others shortens nothing
 (measured: lookahead at tau 1.8 took 54 steps where plain decoding took 63, its lanes finishing unevenly, and
 lost 32% for trees that every lane paid for). So lane i's committed tokens are weighted by how close it is to
@@ -29,9 +30,10 @@ worse than plain decoding by its own model.
 from __future__ import annotations
 
 from draftkit.verify.contract import Budget
-from draftkit.verify.controller import AutoBudget
+from draftkit.verify.controller import AutoBudget, DecayedLine
 
 ROUNDS = 4  # Dinkelbach rounds per step (converges in 2-3; each is L x depth evaluations)
+MIN_FIT_STEPS = 4  # steps (decayed count) before the fitted line replaces the scaled profile
 
 
 class BatchPlanner:
@@ -39,8 +41,8 @@ class BatchPlanner:
 
     def __init__(self, policies: list[AutoBudget]):
         self.policies = policies
-        self.scale: float | None = None  # measured / modeled forward seconds of this run's steps (EMA)
-        self.correction: dict[int, float] = {}  # per profile size, on top of scale (EMA)
+        self.line = DecayedLine(keep=0.9)  # forward seconds against rows, this run's steps
+        self.scale: float | None = None  # measured / profiled forward seconds of this run's steps (EMA)
 
     @classmethod
     def over(cls, policies) -> "BatchPlanner | None":
@@ -55,20 +57,18 @@ class BatchPlanner:
         prof = self.policies[0].profile
         return prof.plain_s * prof.c(q - 1)
 
-    def _bucket(self, q: int) -> int:
-        return min(self.policies[0].profile.sizes, key=lambda s: abs(s - (q - 1)))
-
     def forward_s(self, q: int) -> float:
         """Seconds of the target forward over q rows (all lanes' pending tokens and nodes)."""
-        return self._modeled(q) * (self.scale or 1.0) * self.correction.get(self._bucket(q), 1.0)
+        line = self.line.fit() if self.line.sums[0] >= MIN_FIT_STEPS else None
+        if line is not None:
+            return line[0] + line[1] * q
+        return self._modeled(q) * (self.scale or 1.0)
 
     def observe(self, q: int, seconds: float) -> None:
         """A step's forward (its acceptance walks and commit included) over q rows took `seconds`."""
+        self.line.observe(q, seconds)
         ratio = seconds / self._modeled(q)
         self.scale = ratio if self.scale is None else 0.8 * self.scale + 0.2 * ratio
-        b = self._bucket(q)
-        old, residual = self.correction.get(b), ratio / self.scale
-        self.correction[b] = residual if old is None else 0.7 * old + 0.3 * residual
 
     # ------------------------------------------------------------------ the plan
 

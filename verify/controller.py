@@ -239,30 +239,40 @@ class AcceptanceModel:
 
 
 @dataclass
-class DraftCost:
-    """Drafting seconds per step as a + b * depth, fitted by decayed least squares: a covers what a step
-    pays once (catching up on committed tokens, the update), b each further level. With one depth seen
-    so far the split is unknown, and half of the cost is taken as fixed."""
+class DecayedLine:
+    """y = a + b * x fitted by decayed least squares (each observation first multiplies the sums by `keep`)."""
 
     keep: float = 0.95
-    sums: list = field(default_factory=lambda: [0.0] * 5)  # weights of 1, d, d^2, y, d*y
+    sums: list = field(default_factory=lambda: [0.0] * 5)  # weights of 1, x, x^2, y, x*y
 
-    def observe(self, depth: int, seconds: float) -> None:
-        terms = (1.0, depth, depth * depth, seconds, depth * seconds)
+    def observe(self, x: float, y: float) -> None:
+        terms = (1.0, x, x * x, y, x * y)
         self.sums = [s * self.keep + t for s, t in zip(self.sums, terms)]
 
+    def fit(self) -> tuple[float, float] | None:
+        """(a, b), or None while the x seen do not spread or the line would have a negative part."""
+        n, sx, sxx, sy, sxy = self.sums
+        spread = n * sxx - sx * sx
+        if n == 0 or spread <= 1e-6 * n * n:
+            return None
+        b = (n * sxy - sx * sy) / spread
+        a = (sy - b * sx) / n
+        return (a, b) if a >= 0 and b >= 0 else None
+
+
+@dataclass
+class DraftCost(DecayedLine):
+    """Drafting seconds per step as a + b * depth: a covers what a step pays once (catching up on committed
+    tokens, the update), b each further level. With one depth seen so far the split is unknown, and half of
+    the cost is taken as fixed."""
+
     def __call__(self, depth: int) -> float:
-        if depth == 0:
+        n, sd, _, sy, _ = self.sums
+        if depth == 0 or n == 0:
             return 0.0
-        n, sd, sdd, sy, sdy = self.sums
-        if n == 0:
-            return 0.0
-        spread = n * sdd - sd * sd
-        if spread > 1e-6 * n * n:
-            b = (n * sdy - sd * sy) / spread
-            a = (sy - b * sd) / n
-            if a >= 0 and b >= 0:
-                return a + b * depth
+        line = self.fit()
+        if line is not None:
+            return line[0] + line[1] * depth
         mean_d, mean_y = sd / n, sy / n
         return 0.5 * mean_y + 0.5 * mean_y * depth / max(mean_d, 1e-9)
 
