@@ -301,7 +301,7 @@ class EagleDrafter:
         return EagleLanes(drafters) if cls is EagleDrafter and EagleLanes.compatible(drafters) else None
 
     def reset(self, prompt) -> None:
-        self.cache = self.own_cache  # out of any batch's group
+        self.cache, self.group = self.own_cache, None  # out of any batch's group
         self.cache.reset()  # committed pairs (committed tokens - 1)
         self.cache.reserve(2 * (prompt.numel() if prompt is not None else 0) + 256)
         self.bank = None  # row 0: f^ at the root; row e + 1: output of the e-th node run this step

@@ -11,6 +11,7 @@ start of the next proposal.
 from __future__ import annotations
 
 import torch
+from draftkit.drafters.lanes import DraftLanes, compatible
 from draftkit.drafters.tree_search import draft, kept_entries
 from draftkit.verify.accept import Sampling
 from draftkit.verify.cache import KVBuffer  # the same cache class the verifier uses
@@ -67,9 +68,23 @@ class StandaloneDrafter:
         self.sampling = sampling
         self.max_len = context_limit(model)
         self.masks = MaskBuffer(model.dtype, model.device)
-        self.cache = KVBuffer.for_model(model, capacity=0)
+        self.own_cache = KVBuffer.for_model(model, capacity=0)  # while in a batch's group: a row of the group's
+        self.cache, self.group = self.own_cache, None
+
+    def lane(self) -> "StandaloneDrafter":
+        """A drafter for another lane of a batch: the same draft model (shared, so the lanes can draft
+        together) and settings, a state of its own."""
+        cap = self.budget_cap
+        return StandaloneDrafter(self.model, cap.max_depth, cap.max_nodes, self.top_k, self.temperature,
+                                 sampling=self.sampling)
+
+    @classmethod
+    def draft_lanes(cls, drafters: list) -> "StandaloneLanes | None":
+        """The lanes of a batch drafting together (drafters/lanes.py), when they share a draft and settings."""
+        return StandaloneLanes(drafters) if compatible(drafters, "model") else None
 
     def reset(self, prompt: torch.Tensor) -> None:
+        self.cache, self.group = self.own_cache, None  # out of any batch's group
         self.cache.reset()
         self.cache.reserve(2 * prompt.numel() + 256)
 
@@ -95,4 +110,38 @@ class StandaloneDrafter:
     def update(self, result: StepResult) -> None:
         # keep the draft entries of the accepted path that went through the draft; drop the rest
         entries = kept_entries(result.tree, result.accepted) if result.accepted and len(result.tree) else []
-        self.cache.commit(entries)
+        if self.group is not None:  # the group commits every lane's row at once, before it next drafts
+            self.group.keep(self, entries)
+        else:
+            self.cache.commit(entries)
+
+
+class StandaloneLanes(DraftLanes):
+    """StandaloneDrafters of one draft model and the same settings, drafting as one group (drafters/lanes.py):
+    the catch-up runs each drafting lane's committed tokens the draft has not seen (ragged, one forward), each
+    level every lane's frontier tokens."""
+
+    def __init__(self, drafters: list):
+        model = drafters[0].model
+        super().__init__(drafters, len(drafters[0].cache.layers), model.dtype, model.device)
+        self.model, self.max_len = model, drafters[0].max_len
+
+    def wants(self, r: int, state: DecodeState) -> bool:
+        return super().wants(r, state) and not (self.max_len and
+                                                state.tokens.numel() + state.budget.max_nodes > self.max_len)
+
+    def catch_up(self, rows: list[int], states: list) -> torch.Tensor:
+        new = {r: states[r].tokens[self.cache.lengths[r]:].to(self.device) for r in rows}
+        k = {r: x.numel() for r, x in new.items()}
+        q = max(k.values())
+        causal = torch.ones(q, q, dtype=torch.bool, device=self.device).tril()
+        last = sorted({k[r] - 1 for r in rows})  # the positions whose logits some lane needs: its root
+        out = run_model(self.model, self.cache, self.masks, causal, torch.arange(q, device=self.device),
+                        input_ids=self.padded(new, q), logits_to_keep=torch.tensor(last, device=self.device))
+        self.cache.commit([list(range(k[r])) if r in k else [] for r in range(len(self.drafters))])
+        return torch.stack([out.logits[r, last.index(k[r] - 1)] for r in rows])
+
+    def run_nodes(self, requests: dict, block: torch.Tensor, offsets: torch.Tensor, q: int) -> dict:
+        ids = self.padded({r: req[0] for r, req in requests.items()}, q)
+        logits = run_model(self.model, self.cache, self.masks, block, offsets, input_ids=ids).logits
+        return {r: logits[r, :req[0].numel()] for r, req in requests.items()}

@@ -24,7 +24,7 @@ top-k trees with one-hot q under sampling too, as before).
 
 Each search is a generator (`Search`): it yields the draft forwards it needs and is sent their logits, so
 one drafter runs them one after another (`draft`, `run_search`) and a drafter of several lanes answers the
-same level of every lane's search with one batched forward (drafters/eagle_lanes.py). A forward request is
+same level of every lane's search with one batched forward (drafters/lanes.py). A forward request is
 `(tokens, parent_rows, block, depths)`:
     tokens      (k,) long   the frontier nodes to run
     parent_rows (k,) long   each node's parent's row in run order (-1: the root)

@@ -110,7 +110,7 @@ class MaskBuffer:
 
 def positions(past: list[int], offsets: torch.Tensor) -> torch.Tensor:
     """(B, q) position ids: row b's new token j is at past[b] + offsets[j] (offsets (q,), shared by the rows)
-    or past[b] + offsets[b, j] (offsets (B, q): rows of different trees, drafters/eagle_lanes.py)."""
+    or past[b] + offsets[b, j] (offsets (B, q): rows of different trees, drafters/lanes.py)."""
     rows = offsets if offsets.dim() == 2 else offsets[None]
     if len(set(past)) == 1:  # one row, or rows at the same length: no upload
         return rows.expand(len(past), -1) + past[0]

@@ -1,11 +1,13 @@
-"""EAGLE drafters of a batch's lanes drafting together (drafters/eagle_lanes.py): the same trees as alone,
-lossless batches, and each drafter back on its own after its batch."""
+"""The drafters of a batch's lanes drafting together (drafters/lanes.py; EAGLE and standalone): the same
+trees and draft caches as alone, lossless batches, and each drafter back on its own after its batch."""
 import pytest
 import torch
 
+from tests.models import tiny_model
 from tests.test_eagle import _exact_joint, oracle_draft, tiny_target
 from draftkit.drafters.eagle import EagleDraftModel, EagleDrafter
-from draftkit.drafters.eagle_lanes import EagleLanes
+from draftkit.drafters.lanes import DraftLanes
+from draftkit.drafters.standalone import StandaloneDrafter
 from draftkit.verify.accept import Sampling
 from draftkit.verify.contract import NoDrafter, lane_groups
 from draftkit.verify.decode import generate
@@ -15,6 +17,7 @@ torch.set_num_threads(1)
 
 PROMPTS = [torch.tensor([5]), torch.tensor([3, 17, 42, 8, 8, 61, 0, 9]), torch.arange(20) % 7 + 30,
            torch.tensor([11, 2, 2, 40])]
+KINDS = ["eagle-tree", "eagle-chain", "eagle3-tree", "standalone-tree", "standalone-chain"]
 
 
 @pytest.fixture(scope="module")
@@ -22,22 +25,30 @@ def target2():
     return tiny_target(layers=2, seed=0)
 
 
-def lanes_of(target, draft, n, **flags):
-    first = EagleDrafter(target, draft, **flags)
+def lanes_of(kind: str, target, n: int, draft=None, **flags) -> list:
+    """n drafters of one draft model (a random one unless given) for the lanes of a batch."""
+    flags = {"max_depth": 4, "max_nodes": 10, "top_k": 1 if kind.endswith("chain") else 3, **flags}
+    torch.manual_seed(7)
+    if kind.startswith("standalone"):
+        first = StandaloneDrafter(draft if draft is not None else tiny_model("llama", seed=5), **flags)
+    else:
+        layers = [0, 1, -1] if kind.startswith("eagle3") else None
+        first = EagleDrafter(target, draft if draft is not None else EagleDraftModel.from_target(target, layers),
+                             **flags)
     return [first] + [first.lane() for _ in range(n - 1)]
 
 
-def record_trees(monkeypatch, grouped: bool) -> dict:
-    """Every tree proposed, per drafter, in order (host tokens and parents), and the draft's outputs at the root
-    and at every node it ran (bank), which position or mask errors move even where they flip no token."""
+def record_trees(monkeypatch, cls, grouped: bool) -> dict:
+    """Every tree proposed, per drafter, in order: host tokens and parents, and EAGLE's outputs at the root and
+    at every node it ran this step (its bank), which a wrong position or mask moves even where no token flips."""
     seen: dict[int, list] = {}
 
     def keep(d, tree):
-        bank = None if d.bank is None or not len(tree) else d.bank.clone()
+        bank = getattr(d, "bank", None)
+        bank = bank.clone() if bank is not None and len(tree) else None
         seen.setdefault(id(d), []).append((tree.host_tokens, tree.host_parents, bank))
-
     if grouped:
-        original = EagleLanes.propose
+        original = DraftLanes.propose
 
         def propose(self, states):
             out = original(self, states)
@@ -45,46 +56,56 @@ def record_trees(monkeypatch, grouped: bool) -> dict:
                 if st is not None:
                     keep(d, tree)
             return out
-        monkeypatch.setattr(EagleLanes, "propose", propose)
+        monkeypatch.setattr(DraftLanes, "propose", propose)
     else:
-        monkeypatch.setattr(EagleDrafter, "draft_lanes", None)
-        original = EagleDrafter.propose
+        monkeypatch.setattr(cls, "draft_lanes", None)
+        original = cls.propose
 
         def propose(self, state):
             out = original(self, state)
             keep(self, out)
             return out
-        monkeypatch.setattr(EagleDrafter, "propose", propose)
+        monkeypatch.setattr(cls, "propose", propose)
     return seen
 
 
-@pytest.mark.parametrize("kind", ["tree", "chain", "eagle3-tree"])
-def test_lanes_draft_the_trees_each_lane_drafts_alone(target2, kind, monkeypatch):
-    torch.manual_seed(7)
-    draft = EagleDraftModel.from_target(target2, [0, 1, -1] if kind.startswith("eagle3") else None)
-    flags = dict(max_depth=4, top_k=1 if kind.endswith("chain") else 3, max_nodes=10)
-    trees = {}
+@pytest.mark.parametrize("kind", KINDS)
+def test_lanes_draft_the_trees_and_caches_each_lane_drafts_alone(target2, kind, monkeypatch):
+    """Every tree each lane proposes, and the draft's cached keys (a wrong position or mask moves them even where
+    it flips no token), equal what the lane's drafter computes alone."""
+    trees, keys = {}, {}
+    cls = StandaloneDrafter if kind.startswith("standalone") else EagleDrafter
     for grouped in (False, True):
         with monkeypatch.context() as m:
-            seen = record_trees(m, grouped)
-            drafters = lanes_of(target2, draft, len(PROMPTS), **flags)
+            seen = record_trees(m, cls, grouped)
+            drafters = lanes_of(kind, target2, len(PROMPTS))
             generate_packed(target2, PROMPTS, drafters, max_new_tokens=13, eos_token_id=[], budget="fixed")
             trees[grouped] = [seen[id(d)] for d in drafters]
+            keys[grouped] = [(d.cache, r if grouped else 0, d.cache.lengths[r if grouped else 0])
+                             for r, d in enumerate(drafters)]
     for alone, together in zip(trees[False], trees[True]):
         assert [t[:2] for t in together] == [t[:2] for t in alone]
         for (_, _, a), (_, _, b) in zip(alone, together):
             assert (a is None) == (b is None) and (a is None or torch.allclose(a, b, atol=1e-5))
     assert sum(len(t) for lane in trees[True] for t, _, _ in lane) > 0
+    for (c0, r0, n0), (c1, r1, n1) in zip(keys[False], keys[True]):
+        n = min(n0, n1)  # a group commits the last step's kept entries when it next drafts
+        assert n > 5
+        a = torch.stack([layer.keys[r0, :, :n] for layer in c0.layers])
+        b = torch.stack([layer.keys[r1, :, :n] for layer in c1.layers])
+        assert torch.allclose(a, b, atol=1e-5)
 
 
 @pytest.mark.parametrize("budget", ["fixed", "auto"])
-@pytest.mark.parametrize("chain", [False, True])
-def test_batched_lanes_decode_what_plain_batches_decode(budget, chain):
+@pytest.mark.parametrize("kind", ["eagle-tree", "eagle-chain", "standalone-tree"])
+def test_batched_lanes_decode_what_plain_batches_decode(budget, kind):
+    """Oracle drafts (accepted deep): every batch's output is plain batched decoding's, at lengths that end
+    mid-draft."""
     target = tiny_target(layers=1, seed=3, logit_scale=20.0)
-    drafters = lanes_of(target, oracle_draft(target), len(PROMPTS), max_depth=5, top_k=1 if chain else 4,
-                        max_nodes=16)
+    draft = target if kind.startswith("standalone") else oracle_draft(target)
+    drafters = lanes_of(kind, target, len(PROMPTS), draft=draft, max_depth=5, max_nodes=16)
     assert len(lane_groups(drafters)) == 1
-    for n in (2, 9, 23):  # budgets that end mid-draft
+    for n in (2, 9, 23):
         plain = generate_packed(target, PROMPTS, [NoDrafter() for _ in PROMPTS], n, eos_token_id=[], logprobs=False)
         out = generate_packed(target, PROMPTS, drafters, n, eos_token_id=[], budget=budget, logprobs=False)
         assert [o.tokens.tolist() for o in out.outputs] == [o.tokens.tolist() for o in plain.outputs]
@@ -92,12 +113,11 @@ def test_batched_lanes_decode_what_plain_batches_decode(budget, chain):
         assert any(s.accepted >= 2 for o in out.outputs for s in o.stats.decode_steps)
 
 
-def test_lanes_that_finished_leave_the_others_drafting_together(target2):
+@pytest.mark.parametrize("kind", ["eagle-tree", "standalone-tree"])
+def test_lanes_that_finished_leave_the_others_drafting_together(target2, kind):
     """The first lane ends at its first token (its EOS), before it ever drafts: the group drafts without it,
     every output still plain decoding's."""
-    torch.manual_seed(7)
-    drafters = lanes_of(target2, EagleDraftModel.from_target(target2), len(PROMPTS), max_depth=4, top_k=3,
-                        max_nodes=10)
+    drafters = lanes_of(kind, target2, len(PROMPTS))
     eos = int(generate(target2, PROMPTS[0], max_new_tokens=1, eos_token_id=[]).tokens[0])
     plain = generate_packed(target2, PROMPTS, [NoDrafter() for _ in PROMPTS], 15, eos_token_id=[eos], logprobs=False)
     out = generate_packed(target2, PROMPTS, drafters, 15, eos_token_id=[eos], budget="fixed", logprobs=False)
@@ -106,9 +126,9 @@ def test_lanes_that_finished_leave_the_others_drafting_together(target2):
     assert lengths[0] == 1 and max(lengths) > 4
 
 
-def test_a_drafter_decodes_alone_after_its_batch(target2):
-    torch.manual_seed(7)
-    drafters = lanes_of(target2, EagleDraftModel.from_target(target2), 3, max_depth=4, top_k=3, max_nodes=10)
+@pytest.mark.parametrize("kind", ["eagle-tree", "standalone-tree"])
+def test_a_drafter_decodes_alone_after_its_batch(target2, kind):
+    drafters = lanes_of(kind, target2, 3)
     generate_packed(target2, PROMPTS[:3], drafters, max_new_tokens=9, eos_token_id=[], budget="fixed")
     assert drafters[1].cache is drafters[0].cache  # one buffer for the batch
     ref = generate(target2, PROMPTS[1], max_new_tokens=11, eos_token_id=[])
@@ -122,18 +142,21 @@ def test_only_drafters_of_one_draft_and_settings_draft_together(target2):
     a, b = EagleDraftModel.from_target(target2), EagleDraftModel.from_target(target2)
     assert lane_groups([EagleDrafter(target2, a), EagleDrafter(target2, b)]) == []
     assert lane_groups([EagleDrafter(target2, a, top_k=2), EagleDrafter(target2, a, top_k=3)]) == []
-    shared = lanes_of(target2, a, 3)
-    groups = lane_groups([shared[0], NoDrafter(), shared[1], shared[2]])
-    assert [idx for idx, _ in groups] == [[0, 2, 3]]
+    assert lane_groups([StandaloneDrafter(tiny_model(seed=1)), StandaloneDrafter(tiny_model(seed=1))]) == []
+    eagles, drafts = lanes_of("eagle-tree", target2, 3, draft=a), lanes_of("standalone-tree", target2, 2)
+    groups = lane_groups([eagles[0], NoDrafter(), drafts[0], eagles[1], eagles[2], drafts[1]])
+    assert sorted(idx for idx, _ in groups) == [[0, 3, 4], [2, 5]]
 
 
-def test_sampled_lanes_are_lossless():
+@pytest.mark.parametrize("kind", ["eagle-tree", "standalone-tree"])
+def test_sampled_lanes_are_lossless(kind):
     """Four lanes of one prompt, sampled at temperature 1: the 2nd and 3rd tokens of every lane (decided by one
     depth-2 tree drafted with the other lanes' in one forward per level) follow the target's exact joint."""
     target = tiny_target(layers=1, vocab=16, seed=0, logit_scale=90.0)
     prompt = torch.tensor([3, 7, 1, 12, 5])
     exact = _exact_joint(target, prompt)
-    drafters = lanes_of(target, oracle_draft(target), 4, max_depth=3, top_k=4, max_nodes=8)
+    draft = target if kind.startswith("standalone") else oracle_draft(target)
+    drafters = lanes_of(kind, target, 4, draft=draft, max_depth=3, top_k=4, max_nodes=8)
     n, counts = 500, torch.zeros(16, 16)
     for s in range(n):
         out = generate_packed(target, [prompt] * 4, drafters, 4, sampling=Sampling(temperature=1.0), eos_token_id=[],
@@ -145,12 +168,10 @@ def test_sampled_lanes_are_lossless():
 
 
 def test_seeded_sampled_lanes_reproduce(target2):
-    torch.manual_seed(7)
-    drafters = lanes_of(target2, EagleDraftModel.from_target(target2), 3, max_depth=4, top_k=3, max_nodes=10)
+    drafters = lanes_of("eagle-tree", target2, 3)
 
     def run(seed):
         out = generate_packed(target2, PROMPTS[:3], drafters, 12, sampling=Sampling(0.8), eos_token_id=[], seed=seed,
                               budget="fixed", logprobs=False)
         return [o.tokens.tolist() for o in out.outputs]
     assert run(3) == run(3) and run(3) != run(4)
-
