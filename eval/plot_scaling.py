@@ -30,9 +30,31 @@ def history(folder: str) -> list[dict]:
     raise SystemExit(f"error: {folder} holds neither heldout_history.jsonl nor a train_report.json")
 
 
+def label(folder: str) -> str:
+    """A run's name in the legend and in --offset: its folder's last two parts (runs/zoo5/eagle3 -> zoo5/eagle3),
+    so that continuations of one draft in different runs stay apart."""
+    parts = os.path.normpath(folder).split(os.sep)
+    return "/".join(parts[-2:])
+
+
 def top1_key(row: dict) -> str | None:
     """The held-out top-1 metric a recipe logs (EAGLE: acc_0; Medusa: head0_top1; draft: top1_agreement)."""
     return next((k for k in ("acc_0", "head0_top1", "top1_agreement", "acc_1") if k in row), None)
+
+
+def curves(runs: list[str], offsets: dict[str, int]) -> dict[str, tuple[list, list]]:
+    """Per run (by label): [(million tokens, held-out top-1)] and [(million tokens, tau)], offsets applied."""
+    out = {}
+    for folder in runs:
+        name = label(folder)
+        rows = history(folder)
+        key = top1_key(rows[0]) if rows else None
+        if not rows or key is None:
+            print(f"{folder}: no evaluations yet", file=sys.stderr)
+            continue
+        x = [(r["tokens_seen"] + offsets.get(name, 0)) / 1e6 for r in rows]
+        out[name] = ([(xi, r[key]) for xi, r in zip(x, rows)], [(xi, r["tau"]) for xi, r in zip(x, rows) if "tau" in r])
+    return out
 
 
 def main(argv=None) -> int:
@@ -40,13 +62,14 @@ def main(argv=None) -> int:
     parser.add_argument("runs", nargs="+", help="run output folders or shipped drafter folders")
     parser.add_argument("--out", default="eval/results/scaling.png", help="the PNG to write (default: %(default)s)")
     parser.add_argument("--offset", action="append", default=[],
-                        help="NAME=TOKENS: tokens the run's starting draft had already seen (repeatable)")
+                        help="NAME=TOKENS: tokens the run's starting draft had already seen, NAME the run folder's "
+                             "last two parts (zoo5/eagle3; repeatable)")
     args = parser.parse_args(argv)
     offsets = {}
     for item in args.offset:
         name, _, value = item.partition("=")
         if not value.isdigit():
-            parser.error(f"--offset {item}: expected NAME=TOKENS, e.g. eagle2=1638400")
+            parser.error(f"--offset {item}: expected NAME=TOKENS, e.g. zoo3/eagle2=1638400")
         offsets[name] = int(value)
     import matplotlib
 
@@ -54,16 +77,8 @@ def main(argv=None) -> int:
     import matplotlib.pyplot as plt
 
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
-    for folder in args.runs:
-        name = os.path.basename(os.path.normpath(folder))
-        rows = history(folder)
-        key = top1_key(rows[0]) if rows else None
-        if not rows or key is None:
-            print(f"{folder}: no evaluations yet", file=sys.stderr)
-            continue
-        x = [(r["tokens_seen"] + offsets.get(name, 0)) / 1e6 for r in rows]
-        ax1.plot(x, [r[key] for r in rows], marker="o", label=name)
-        tau = [(xi, r["tau"]) for xi, r in zip(x, rows) if "tau" in r]
+    for name, (top1, tau) in curves(args.runs, offsets).items():
+        ax1.plot(*zip(*top1), marker="o", label=name)
         if tau:
             ax2.plot(*zip(*tau), marker="o", label=name)
     ax1.set(xlabel="tokens trained on (M)", ylabel="held-out top-1 agreement with the target",
