@@ -89,7 +89,8 @@ def build_parser(description: str | None = None) -> Parser:
                                       "grammar file or regex:PATTERN; plain decoding then is plain constrained "
                                       "decoding (needs xgrammar: pip install 'draftkit[grammar]') (default: none)")
     ap.add_argument("--batch-sizes", help="comma list such as 1,4,16: also decode the first task's prompts in "
-                                          "batches of these sizes (speedup over plain batched decoding, KV bytes)")
+                                          "batches of these sizes (speedup over plain batched decoding, KV bytes; "
+                                          "--repeats timed rounds each)")
     ap.add_argument("--compile", action="store_true",
                     help="run the target's verify forward with static shapes (steps padded to buckets of 1, 2, 4, "
                          "..., 64, then multiples of 64 rows; a fixed-size KV buffer and mask) compiled by "

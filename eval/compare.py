@@ -239,7 +239,8 @@ def compile_buckets(args, target, methods, tasks, bar) -> None:
 
 def batch_rows(args, target, prompts, bar, methods) -> list[dict]:
     """--batch-sizes: the first task's prompts decoded in batches (eval/bench_batch.py), speedup over plain
-    batched decoding of the same size and the KV bytes of each method, interleaved; one repeat each."""
+    batched decoding of the same size and the KV bytes of each method, interleaved, --repeats timed rounds (the
+    median; a first round warms up)."""
     from draftkit.eval.bench_batch import run_batches
 
     names = list(args.drafter_names)
@@ -254,7 +255,8 @@ def batch_rows(args, target, prompts, bar, methods) -> list[dict]:
         b, w = max(args.batch_size_list), widest(methods)
         warm_compiled(target, static_capacity(sum(len(x) for x in ids[:b]), b, args.max_new_tokens, w),
                       b * (w + 2), hidden_kinds(methods))
-    return run_batches(target, ids, names, args.batch_size_list, args.max_new_tokens, 1, budget, args.compile)
+    return run_batches(target, ids, names, args.batch_size_list, args.max_new_tokens, args.repeats, budget,
+                       args.compile)
 
 
 def verify_curve(target, context: int, profiled: set[int]):

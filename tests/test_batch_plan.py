@@ -140,3 +140,21 @@ def test_planned_batches_decode_exactly_what_plain_batches_decode():
                               logprobs=False)
     assert [o.tokens.tolist() for o in drafted.outputs] == [o.tokens.tolist() for o in plain.outputs]
     assert any(s.drafted for o in drafted.outputs for s in o.stats.decode_steps)
+
+
+def test_idle_lanes_of_a_batch_probe_about_as_often_as_one_sequence():
+    """Eight idle lanes each probing every 16 steps made a batch probe every other step (DFlash at batch 8: 13%
+    of plain batched decoding in probes and their catch-ups); in a batch of n a lane waits up to n times longer,
+    and alone again it waits no longer than one sequence's cap."""
+    import draftkit.verify.controller as ctl
+
+    profile = curve(0.01, lambda n: 1.0 + n)  # rows as dear as a plain step: every lane idles
+    policies = [lane(profile, 0.05) for _ in range(8)]
+    planner = BatchPlanner(policies)
+    probes = 0
+    for _ in range(400):
+        probes += sum(b.max_depth > 0 for b in planner.budgets(policies, [1] * 8, [64] * 8, [1.0] * 8))
+    assert probes <= 400 * 8 / (ctl.PROBE_WAIT_MAX * 8) + 8 * 5  # the doubling waits on the way up included
+    alone = policies[0]
+    given = [alone.budget(100).max_depth for _ in range(3 * ctl.PROBE_WAIT_MAX)]
+    assert any(given)  # back to one sequence's waits

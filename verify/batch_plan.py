@@ -89,7 +89,7 @@ class BatchPlanner:
             share = step_s * (1 + ln.nodes[d]) / q + ln.draft[d]  # the lane's part of the step, for reports
             times = [share] * len(ln.gains)
             # a path of this lane is worth a level if its chance, weighted, beats what the level costs
-            out.append(ln.policy.choose(d, marginal, rate / max(ln.weight, 1e-3), ln.gains, times))
+            out.append(ln.policy.choose(d, marginal, rate / max(ln.weight, 1e-3), ln.gains, times, len(lanes)))
         return out
 
     @staticmethod

@@ -344,18 +344,22 @@ class AutoBudget:
         below, above = (best - 1, best) if best == len(times) - 1 else (best, best + 1)
         return self.choose(best, times[above] - times[below], gains[best] / times[best], gains, times)
 
-    def choose(self, depth: int, marginal_s: float, rate: float, gains: list[float], times: list[float]) -> Budget:
+    def choose(self, depth: int, marginal_s: float, rate: float, gains: list[float], times: list[float],
+               lanes: int = 1) -> Budget:
         """The budget for a chosen depth (also a batch planner's choice, verify/batch_plan.py). depth 0: idle,
         or the periodic probe; marginal_s: seconds one more level would cost; rate: committed tokens per second
-        at the choice; gains / times: expected committed tokens and seconds per depth, for reports."""
+        at the choice; gains / times: expected committed tokens and seconds per depth, for reports; lanes: the
+        sequences of the batch (idle lanes wait up to `lanes` times longer between probes, so that a batch
+        probes about as often as one sequence: at batch 8 the idle lanes' probes, each with its catch-up,
+        cost DFlash 13% of plain batched decoding)."""
         if depth == 0:
             self._idle += 1
-            if self._idle < self._probe_wait:
+            if self._idle < min(self._probe_wait, PROBE_WAIT_MAX * lanes):  # a batch's wait ends with the batch
                 return self._give(Budget(0, 0), gains[0], times[0])
             # probe: one level of at most PROBE_NODES nodes, the cheapest draft that tells whether level 1 passes
             # again; deeper levels take its rate until they are tried (AcceptanceModel.rates). A probe at the
             # deepest level cost a silent drafter up to 5% of plain decoding (16 nodes every 16 steps)
-            self._idle, self._probe_wait = 0, min(self._probe_wait * 2, PROBE_WAIT_MAX)
+            self._idle, self._probe_wait = 0, min(self._probe_wait * 2, PROBE_WAIT_MAX * lanes)
             self._probing = True
             return self._give(Budget(1, min(self.nodes(1), PROBE_NODES)), gains[1], times[1])
         self._probe_wait = self.probe_every
