@@ -109,15 +109,17 @@ class DraftLanes:
         block = torch.zeros(n, q, pending + q, dtype=torch.bool, device=dev)
         block[:, torch.arange(q), pending + torch.arange(q)] = True  # padding queries see themselves
         offsets = torch.zeros(n, q, dtype=torch.long, device=dev)
+        for r in requests:  # each lane's columns: its earlier entries of this step, then its new ones
+            self.slots[r] += list(range(pending, pending + size[r]))
+        cols = torch.tensor([c for r in requests for c in self.slots[r]], dtype=torch.long, device=dev)  # 1 upload
+        at = 0
         for r, (_, _, own, depths) in requests.items():
-            k, slots = size[r], self.slots[r]
-            e = len(slots)
+            k, width = size[r], len(self.slots[r])
             if own is None:  # a chain: each node sees every entry its lane ran before it, and itself
-                own = torch.ones(k, e + k, dtype=torch.bool, device=dev).tril(e)
-            cols = torch.tensor(slots + list(range(pending, pending + k)), dtype=torch.long, device=dev)
-            block[r, :k].index_copy_(1, cols, own.to(dev))
+                own = torch.ones(k, width, dtype=torch.bool, device=dev).tril(width - k)
+            block[r, :k].index_copy_(1, cols[at:at + width], own.to(dev))
             offsets[r, :k] = depths - 1  # the root sits at the lane's committed length - 1
-            slots += list(range(pending, pending + k))
+            at += width
         return self.run_nodes(requests, block, offsets, q)
 
     def padded(self, per_row: dict, q: int, fill=0) -> torch.Tensor:

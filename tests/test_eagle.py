@@ -322,39 +322,53 @@ def test_resume_continues_at_the_right_step(tiny_run, monkeypatch):
     assert [h["loss"] for h in resumed["history"]] == pytest.approx([h["loss"] for h in full["history"][2:]], rel=1e-5)
 
 
-def test_training_time_test_matches_chain_decoding(target2):
-    """Unrolled step i at index t must be exactly what decoding computes for the depth-i chain node hanging
-    off the committed pairs 0..t (true tokens, the draft's own features): same cache, mask and positions."""
+def unroll_training_time_test(draft, target, ids):
+    """EagleLoss's 3-step training-time test on `ids`: (each unrolled step's draft outputs, the loss dict, the
+    draft's input features)."""
     from types import SimpleNamespace
-
-    from transformers import DynamicCache
 
     from draftkit.train.eagle import EagleLoss
 
-    torch.manual_seed(0)
-    draft = EagleDraftModel.from_target(target2, [0, 1, -1])
     cfg = SimpleNamespace(ttt_steps=3, ttt_decay=0.8, feature_loss_weight=0.0, token_loss_weight=1.0, feature_noise=0.0)
-    loss_fn = EagleLoss(draft, target2, cfg)
-    ids = torch.randint(0, 64, (2, 12))
+    loss_fn = EagleLoss(draft, target, cfg)
     with torch.no_grad():
-        hs = target2(input_ids=ids, output_hidden_states=True).hidden_states
-    feats, last = draft.select(hs), hs[-1]
+        hs = target(input_ids=ids, output_hidden_states=True).hidden_states
+    feats = draft.select(hs)
     preds, forward = [], draft.forward
     draft.forward = lambda *a, **k: preds.append(forward(*a, **k)) or preds[-1]
     try:
-        res = loss_fn(ids, feats, last, noise=False)
+        res = loss_fn(ids, feats, hs[-1], noise=False)
     finally:
         del draft.forward
-    assert len(preds) == 3 and {"acc_2", "token_loss_2"} <= set(res)
-    embed = target2.get_input_embeddings()
+    return preds, res, feats
+
+
+def assert_unrolled_steps_are_chain_decoding(draft, target, ids, feats, preds, cache_config):
+    """Unrolled step i at index t equals the depth-i chain node decoded off the committed pairs 0..t (true
+    tokens, the draft's own features), run with a decoding cache of `cache_config`."""
+    from transformers import DynamicCache
+
+    embed = target.get_input_embeddings()
+    n = ids.shape[1]
     with torch.no_grad():
-        for b in range(2):
-            for t in range(11):
-                cache = DynamicCache(config=draft.body.config)
+        for b in range(ids.shape[0]):
+            for t in range(n - 1):
+                cache = DynamicCache(config=cache_config)
                 f = draft(feats[b:b + 1, :t + 1], embed(ids[b:b + 1, 1:t + 2]), cache=cache)[:, -1:]
                 torch.testing.assert_close(f[0, 0], preds[0][b, t].detach(), atol=1e-5, rtol=1e-5)
                 for i in (1, 2):
-                    if t + 1 + i >= 12:
+                    if t + 1 + i >= n:
                         break
                     f = draft(f, embed(ids[b:b + 1, t + 1 + i:t + 2 + i]), cache=cache)[:, -1:]
                     torch.testing.assert_close(f[0, 0], preds[i][b, t].detach(), atol=1e-5, rtol=1e-5)
+
+
+def test_training_time_test_matches_chain_decoding(target2):
+    """Unrolled step i at index t must be exactly what decoding computes for the depth-i chain node hanging
+    off the committed pairs 0..t (true tokens, the draft's own features): same cache, mask and positions."""
+    torch.manual_seed(0)
+    draft = EagleDraftModel.from_target(target2, [0, 1, -1])
+    ids = torch.randint(0, 64, (2, 12))
+    preds, res, feats = unroll_training_time_test(draft, target2, ids)
+    assert len(preds) == 3 and {"acc_2", "token_loss_2"} <= set(res)
+    assert_unrolled_steps_are_chain_decoding(draft, target2, ids, feats, preds, draft.body.config)

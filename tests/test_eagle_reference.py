@@ -13,6 +13,7 @@ from draftkit.drafters.formats import detect
 from draftkit.train.export import main as export_main
 from draftkit.verify.accept import Sampling
 from tests.formats_common import DRAFT_IDS, PROMPTS, generate, tiny_target
+from tests.test_eagle import _exact_joint, assert_unrolled_steps_are_chain_decoding, unroll_training_time_test
 
 torch.set_num_threads(1)
 
@@ -85,18 +86,6 @@ def test_d2t_offsets_map_every_draft_id():
     torch.testing.assert_close(d1.logits(f, target.lm_head)[:, t2d], target.lm_head(f)[:, t2d])
 
 
-def _exact_joint(target, prompt):
-    v = target.config.vocab_size
-    with torch.no_grad():
-        p1 = target(prompt[None]).logits[0, -1].softmax(-1)
-        ctx2 = torch.cat([prompt.repeat(v, 1), torch.arange(v)[:, None]], 1)
-        p2 = target(ctx2).logits[:, -1].softmax(-1)
-        ctx3 = torch.cat([prompt.repeat(v * v, 1), torch.arange(v).repeat_interleave(v)[:, None],
-                          torch.arange(v).repeat(v)[:, None]], 1)
-        p3 = target(ctx3).logits[:, -1].softmax(-1).view(v, v, v)
-    return (p1[:, None, None] * p2[:, :, None] * p3).sum(0)
-
-
 @pytest.mark.parametrize("chain", [True, False])
 def test_reduced_vocabulary_sampling_is_lossless(chain):
     """q lives on the draft vocabulary (zero elsewhere); the target's own tokens outside it must still come out
@@ -161,36 +150,9 @@ def test_train_reference_eagle3_lowers_loss_and_exports(tiny_run, tmp_path):
 def test_reference_training_time_test_matches_chain_decoding(target8):
     """Unrolled step i of the reference EAGLE-3 loss is what decoding computes for the depth-i chain node:
     same cache, masks and positions, the draft's own pre-norm output fed back, the reduced vocabulary."""
-    from types import SimpleNamespace
-
-    from transformers import DynamicCache
-
-    from draftkit.train.eagle import EagleLoss
-
     torch.manual_seed(0)
     draft = make_draft(target8, [2, 4, 6], "reference", DRAFT_IDS)
-    cfg = SimpleNamespace(ttt_steps=3, ttt_decay=0.8, feature_loss_weight=0.0, token_loss_weight=1.0, feature_noise=0.0)
-    loss_fn = EagleLoss(draft, target8, cfg)
     ids = torch.randint(0, 64, (2, 10))
-    with torch.no_grad():
-        hs = target8(input_ids=ids, output_hidden_states=True).hidden_states
-    preds, forward = [], draft.forward
-    draft.forward = lambda *a, **k: preds.append(forward(*a, **k)) or preds[-1]
-    try:
-        res = loss_fn(ids, draft.select(hs), hs[-1], noise=False)
-    finally:
-        del draft.forward
+    preds, res, feats = unroll_training_time_test(draft, target8, ids)
     assert len(preds) == 3 and torch.isfinite(res["loss"]) and {"acc_2", "token_loss_2"} <= set(res)
-    embed = target8.get_input_embeddings()
-    feats = draft.select(hs)
-    with torch.no_grad():
-        for b in range(2):
-            for t in range(9):
-                cache = DynamicCache(config=draft.cache_config)
-                f = draft(feats[b:b + 1, :t + 1], embed(ids[b:b + 1, 1:t + 2]), cache=cache)[:, -1:]
-                torch.testing.assert_close(f[0, 0], preds[0][b, t].detach(), atol=1e-5, rtol=1e-5)
-                for i in (1, 2):
-                    if t + 1 + i >= 10:
-                        break
-                    f = draft(f, embed(ids[b:b + 1, t + 1 + i:t + 2 + i]), cache=cache)[:, -1:]
-                    torch.testing.assert_close(f[0, 0], preds[i][b, t].detach(), atol=1e-5, rtol=1e-5)
+    assert_unrolled_steps_are_chain_decoding(draft, target8, ids, feats, preds, draft.cache_config)

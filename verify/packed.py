@@ -244,10 +244,11 @@ def generate_packed(model, prompts, drafters, max_new_tokens: int = 64, sampling
         if not live:
             break
         t0 = clock.now()
+        planning = planner is not None and len(live) > 1  # the last lane alone goes by its own policy
         planned = planner.budgets([ln.policy for ln in live], [len(ln.pending) for ln in live],
                                   [max_new_tokens - ln.generated for ln in live],
                                   [ln.generated / max(len(ln.stats.steps), 1) for ln in live]) \
-            if planner and len(live) > 1 else [None] * len(live)
+            if planning else [None] * len(live)
         states, givens = zip(*[_state(ln, ver, sampling, max_new_tokens, draws, plan) for ln, plan in zip(live, planned)])
         budget_s = (clock.now() - t0) / len(live)
         proposed, draft_s = _proposals(live, list(states), groups, clock)  # each lane's own drafting time
@@ -268,7 +269,7 @@ def generate_packed(model, prompts, drafters, max_new_tokens: int = 64, sampling
         keep = torch.cat(keep)
         ver.commit_rows(step, keep, keep_host)
         verify_s = clock.now() - t1
-        if planner and len(live) > 1:
+        if planning:
             planner.observe(step.q, verify_s)
         kept = 0
         for i, (ln, tree, given, w, (acc, acc_tokens, bonus)) in enumerate(zip(live, trees, givens, walks, results)):
