@@ -42,7 +42,6 @@ from transformers.models.llama.modeling_llama import (LlamaMLP, LlamaRMSNorm, Ll
 
 from draftkit.drafters.eagle import _target_name, check_target_shape, target_shape
 from draftkit.drafters.eagle_reference import llama_config, llama_layer_config
-from draftkit.drafters.tree_search import draft_from_depths
 from draftkit.verify.contract import Budget, DecodeState, DraftTree, StepResult
 
 CONFIG_NAME = "config.json"
@@ -99,28 +98,55 @@ def dflash_config(target, block_size: int, mask_token_id: int, draft_layers: int
 
 
 class ContextCache:
-    """Per draft layer, the rotated keys and values of the committed context: (1, kv_heads, n, head_dim),
-    grown in place (capacity doubles), never rolled back."""
+    """Per draft layer, the rotated context keys and values of one lane or of a batch's lanes, as the rows of
+    one buffer (L, kv_heads, capacity, D): row r's first lengths[r] columns are lane r's context. Grown in place
+    (capacity doubles), never rolled back. A forward appends every row's new entries: as many as it brings
+    (k.shape[2]), or the ragged `expect`ed counts (lanes drafting together: padding past a row's count is
+    dropped); it reads every row up to the longest."""
 
-    def __init__(self, num_layers: int):
+    def __init__(self, num_layers: int, lanes: int = 1):
         self.k: list[torch.Tensor | None] = [None] * num_layers
         self.v: list[torch.Tensor | None] = [None] * num_layers
-        self.length = 0
+        self.lengths = [0] * lanes
+        self._counts: list[int] | None = None
+        self._scatter: tuple | None = None  # (rows, from, to) of a ragged append, built at layer 0
+
+    def expect(self, counts: list[int]) -> list[int]:
+        """The next forward appends counts[r] entries to row r; returns the rows' lengths after it."""
+        self._counts = list(counts)
+        return [n + c for n, c in zip(self.lengths, counts)]
 
     def append(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        n, new = self.length, k.shape[2]
+        """k, v (L, kv_heads, new, D): append, then (L, kv_heads, longest, D) views of every row's context."""
+        counts = self._counts or [k.shape[2]] * len(self.lengths)
+        after = [n + c for n, c in zip(self.lengths, counts)]
+        width = max(after)
         buf = self.k[layer]
-        if buf is None or buf.shape[2] < n + new:
-            cap = max(2 * (n + new), 64)
-            grown_k, grown_v = k.new_zeros(*k.shape[:2], cap, k.shape[3]), v.new_zeros(*v.shape[:2], cap, v.shape[3])
+        if buf is None or buf.shape[2] < width:
+            cap, old = max(2 * width, 64), max(self.lengths)
+            grown_k = k.new_zeros(len(self.lengths), k.shape[1], cap, k.shape[3])
+            grown_v = v.new_zeros(len(self.lengths), v.shape[1], cap, v.shape[3])
             if buf is not None:
-                grown_k[:, :, :n], grown_v[:, :, :n] = buf[:, :, :n], self.v[layer][:, :, :n]
+                grown_k[:, :, :old], grown_v[:, :, :old] = buf[:, :, :old], self.v[layer][:, :, :old]
             self.k[layer], self.v[layer] = grown_k, grown_v
-        self.k[layer][:, :, n:n + new] = k
-        self.v[layer][:, :, n:n + new] = v
+        if len(set(self.lengths)) == 1 and len(set(counts)) == 1:  # every row alike: one slice
+            n, c = self.lengths[0], counts[0]
+            self.k[layer][:, :, n:n + c], self.v[layer][:, :, n:n + c] = k[:, :, :c], v[:, :, :c]
+        else:  # ragged: each row's first counts[r] entries to its own end, one indexed copy
+            if layer == 0 or self._scatter is None:
+                self._scatter = self._ragged(counts, k.device)
+            rows, src, dst = self._scatter
+            self.k[layer][rows, :, dst], self.v[layer][rows, :, dst] = k[rows, :, src], v[rows, :, src]
         if layer == len(self.k) - 1:
-            self.length = n + new
-        return self.k[layer][:, :, :n + new], self.v[layer][:, :, :n + new]
+            self.lengths, self._counts, self._scatter = after, None, None
+        return self.k[layer][:, :, :width], self.v[layer][:, :, :width]
+
+    def _ragged(self, counts: list[int], device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        rows = [r for r, c in enumerate(counts) for _ in range(c)]
+        src = [i for c in counts for i in range(c)]
+        dst = [n + i for n, c in zip(self.lengths, counts) for i in range(c)]
+        rows, src, dst = torch.tensor([rows, src, dst], dtype=torch.long).to(device)  # one upload
+        return rows, src, dst
 
 
 class DFlashAttention(nn.Module):
@@ -271,14 +297,13 @@ class DFlashDrafter:
         if temperature is not None and temperature <= 0:
             raise ValueError(f"the draft temperature must be > 0, got {temperature}")
         draft.check_target(target)
+        self._target = target
         self.embed, self.head = target.get_input_embeddings(), target.get_output_embeddings()
         self.device = self.head.weight.device
         self.draft = draft.to(self.device).eval()
         self.hidden_layers = tuple(draft.config.target_layers)
         self.top_k, self.temperature, self.sampling = top_k, temperature, sampling
         self.budget_cap = Budget(max_depth, max_nodes if top_k > 1 else max_depth)
-        # the block's input: slot 0 becomes the root each step, slots 1.. stay the mask token
-        self.block = torch.full((1, block), draft.config.mask_token_id, dtype=torch.long, device=self.device)
         self.reset(None)
 
     @classmethod
@@ -287,26 +312,29 @@ class DFlashDrafter:
 
         return cls(target, load_dflash_draft(path, target), **flags)
 
-    def reset(self, prompt) -> None:
-        self.cache = ContextCache(self.draft.config.draft_layers)
-        self.todo: list[torch.Tensor] = []  # (k, nH) fused target layers of kept positions not yet in the cache
+    def lane(self) -> "DFlashDrafter":
+        """A drafter for another lane of a batch: the same draft (shared, so the lanes can draft together) and
+        settings, a state of its own."""
+        cap = self.budget_cap
+        return DFlashDrafter(self._target, self.draft, cap.max_depth, cap.max_nodes, self.top_k, self.temperature,
+                             self.sampling)
 
-    @torch.no_grad()
+    @classmethod
+    def draft_lanes(cls, drafters: list):
+        """The lanes of a batch drafting together (drafters/dflash_lanes.py), when they share a draft and settings."""
+        from draftkit.drafters.dflash_lanes import DFlashLanes
+        from draftkit.drafters.lanes import compatible
+
+        return DFlashLanes(drafters) if compatible(drafters, "draft") else None
+
+    def reset(self, prompt) -> None:
+        from draftkit.drafters.dflash_lanes import DFlashLanes
+
+        self.todo: list[torch.Tensor] = []  # (k, nH) fused target layers of kept positions not yet in the cache
+        self.alone = DFlashLanes([self])  # one sequence: a group of one; its ContextCache becomes `self.cache`
+
     def propose(self, state: DecodeState) -> DraftTree:
-        depth = min(state.budget.max_depth, state.budget.max_nodes)
-        if depth < 1 or not self.todo:
-            return DraftTree.empty(state.tokens.device)
-        feats = torch.cat(self.todo)[None]  # (1, k, nH)
-        start, root = self.cache.length, state.tokens.numel() - 1  # the context ends right before the root
-        if start + feats.shape[1] != root:
-            raise RuntimeError(f"DFlash context out of step: {start + feats.shape[1]} positions for a root at {root}")
-        self.block[0, 0] = state.tokens[-1]
-        b = self.block.shape[1]
-        out = self.draft(self.embed(self.block), torch.arange(root, root + b, device=self.device)[None], feats,
-                         torch.arange(start, root, device=self.device)[None], self.cache)  # the one forward
-        self.todo = []
-        logits = self.head(out[0, 1:].to(self.head.weight.dtype))  # (B - 1, V): depth j at row j - 1
-        return draft_from_depths(logits, state, self.top_k, self.temperature, self.sampling)
+        return self.alone.propose([state])[0]
 
     @torch.no_grad()
     def update(self, result: StepResult) -> None:

@@ -76,7 +76,7 @@ def test_context_cache_equals_recomputation(target):
     out = generate(target, PROMPTS[2], drafter=drafter, max_new_tokens=12, eos_token_id=[], budget="fixed")
     tokens = seen[-1]
     root = tokens.numel() - 1
-    assert drafter.cache.length == root
+    assert drafter.cache.lengths == [root]
     with torch.no_grad():
         hs = target(input_ids=tokens[None, :root], output_hidden_states=True).hidden_states
         feats = draft.fuse([hs[k] for k in draft.config.target_layers])

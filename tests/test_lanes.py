@@ -1,10 +1,12 @@
-"""The drafters of a batch's lanes drafting together (drafters/lanes.py; EAGLE and standalone): the same
-trees and draft caches as alone, lossless batches, and each drafter back on its own after its batch."""
+"""The drafters of a batch's lanes drafting together (drafters/lanes.py: EAGLE and standalone;
+drafters/dflash_lanes.py: DFlash): the same trees and draft caches as alone, lossless batches, and each drafter back on its own after its batch."""
 import pytest
 import torch
 
 from tests.models import tiny_model
 from tests.test_eagle import _exact_joint, oracle_draft, tiny_target
+from draftkit.drafters.dflash import DFlashDrafter, make_dflash_draft
+from draftkit.drafters.dflash_lanes import DFlashLanes
 from draftkit.drafters.eagle import EagleDraftModel, EagleDrafter
 from draftkit.drafters.lanes import DraftLanes
 from draftkit.drafters.standalone import StandaloneDrafter
@@ -17,7 +19,7 @@ torch.set_num_threads(1)
 
 PROMPTS = [torch.tensor([5]), torch.tensor([3, 17, 42, 8, 8, 61, 0, 9]), torch.arange(20) % 7 + 30,
            torch.tensor([11, 2, 2, 40])]
-KINDS = ["eagle-tree", "eagle-chain", "eagle3-tree", "standalone-tree", "standalone-chain"]
+KINDS = ["eagle-tree", "eagle-chain", "eagle3-tree", "standalone-tree", "standalone-chain", "dflash-tree", "dflash-chain"]
 
 
 @pytest.fixture(scope="module")
@@ -31,6 +33,9 @@ def lanes_of(kind: str, target, n: int, draft=None, **flags) -> list:
     torch.manual_seed(7)
     if kind.startswith("standalone"):
         first = StandaloneDrafter(draft if draft is not None else tiny_model("llama", seed=5), **flags)
+    elif kind.startswith("dflash"):
+        draft = draft if draft is not None else make_dflash_draft(target, block_size=6, mask_token_id=5)
+        first = DFlashDrafter(target, draft, **flags)
     else:
         layers = [0, 1, -1] if kind.startswith("eagle3") else None
         first = EagleDrafter(target, draft if draft is not None else EagleDraftModel.from_target(target, layers),
@@ -48,7 +53,8 @@ def record_trees(monkeypatch, cls, grouped: bool) -> dict:
         bank = bank.clone() if bank is not None and len(tree) else None
         seen.setdefault(id(d), []).append((tree.host_tokens, tree.host_parents, bank))
     if grouped:
-        original = DraftLanes.propose
+        group_cls = DFlashLanes if cls is DFlashDrafter else DraftLanes
+        original = group_cls.propose
 
         def propose(self, states):
             out = original(self, states)
@@ -56,7 +62,7 @@ def record_trees(monkeypatch, cls, grouped: bool) -> dict:
                 if st is not None:
                     keep(d, tree)
             return out
-        monkeypatch.setattr(DraftLanes, "propose", propose)
+        monkeypatch.setattr(group_cls, "propose", propose)
     else:
         monkeypatch.setattr(cls, "draft_lanes", None)
         original = cls.propose
@@ -74,46 +80,52 @@ def test_lanes_draft_the_trees_and_caches_each_lane_drafts_alone(target2, kind, 
     """Every tree each lane proposes, and the draft's cached keys (a wrong position or mask moves them even where
     it flips no token), equal what the lane's drafter computes alone."""
     trees, keys = {}, {}
-    cls = StandaloneDrafter if kind.startswith("standalone") else EagleDrafter
+    cls = {"standalone": StandaloneDrafter, "dflash": DFlashDrafter}.get(kind.split("-")[0], EagleDrafter)
     for grouped in (False, True):
         with monkeypatch.context() as m:
             seen = record_trees(m, cls, grouped)
             drafters = lanes_of(kind, target2, len(PROMPTS))
             generate_packed(target2, PROMPTS, drafters, max_new_tokens=13, eos_token_id=[], budget="fixed")
             trees[grouped] = [seen[id(d)] for d in drafters]
-            keys[grouped] = [(d.cache, r if grouped else 0, d.cache.lengths[r if grouped else 0])
-                             for r, d in enumerate(drafters)]
+            keys[grouped] = [cached_keys(d.cache, r if grouped else 0) for r, d in enumerate(drafters)]
     for alone, together in zip(trees[False], trees[True]):
         assert [t[:2] for t in together] == [t[:2] for t in alone]
         for (_, _, a), (_, _, b) in zip(alone, together):
             assert (a is None) == (b is None) and (a is None or torch.allclose(a, b, atol=1e-5))
     assert sum(len(t) for lane in trees[True] for t, _, _ in lane) > 0
-    for (c0, r0, n0), (c1, r1, n1) in zip(keys[False], keys[True]):
-        n = min(n0, n1)  # a group commits the last step's kept entries when it next drafts
+    for a, b in zip(keys[False], keys[True]):
+        n = min(a.shape[-2], b.shape[-2])  # a group commits the last step's kept entries when it next drafts
         assert n > 5
-        a = torch.stack([layer.keys[r0, :, :n] for layer in c0.layers])
-        b = torch.stack([layer.keys[r1, :, :n] for layer in c1.layers])
-        assert torch.allclose(a, b, atol=1e-5)
+        assert torch.allclose(a[..., :n, :], b[..., :n, :], atol=1e-5)
+
+
+def cached_keys(cache, row: int) -> torch.Tensor:
+    """(layers, heads, n, D) the keys the draft cached for lane `row`: its committed entries."""
+    n = cache.lengths[row]
+    if hasattr(cache, "layers"):  # KVBuffer (EAGLE, standalone)
+        return torch.stack([layer.keys[row, :, :n] for layer in cache.layers])
+    return torch.stack([k[row, :, :n] for k in cache.k])  # DFlash's ContextCache
 
 
 @pytest.mark.parametrize("budget", ["fixed", "auto"])
-@pytest.mark.parametrize("kind", ["eagle-tree", "eagle-chain", "standalone-tree"])
+@pytest.mark.parametrize("kind", ["eagle-tree", "eagle-chain", "standalone-tree", "dflash-tree"])
 def test_batched_lanes_decode_what_plain_batches_decode(budget, kind):
-    """Oracle drafts (accepted deep): every batch's output is plain batched decoding's, at lengths that end
-    mid-draft."""
+    """Oracle drafts (accepted deep; DFlash: a random one): every batch's output is plain batched decoding's, at
+    lengths that end mid-draft."""
     target = tiny_target(layers=1, seed=3, logit_scale=20.0)
-    draft = target if kind.startswith("standalone") else oracle_draft(target)
+    draft = {"standalone": target, "dflash": None}.get(kind.split("-")[0]) if not kind.startswith("eagle") \
+        else oracle_draft(target)
     drafters = lanes_of(kind, target, len(PROMPTS), draft=draft, max_depth=5, max_nodes=16)
     assert len(lane_groups(drafters)) == 1
     for n in (2, 9, 23):
         plain = generate_packed(target, PROMPTS, [NoDrafter() for _ in PROMPTS], n, eos_token_id=[], logprobs=False)
         out = generate_packed(target, PROMPTS, drafters, n, eos_token_id=[], budget=budget, logprobs=False)
         assert [o.tokens.tolist() for o in out.outputs] == [o.tokens.tolist() for o in plain.outputs]
-    if budget == "fixed":  # the controller may find drafting does not pay for a model this small
+    if budget == "fixed" and not kind.startswith("dflash"):  # the controller may find drafting does not pay here
         assert any(s.accepted >= 2 for o in out.outputs for s in o.stats.decode_steps)
 
 
-@pytest.mark.parametrize("kind", ["eagle-tree", "standalone-tree"])
+@pytest.mark.parametrize("kind", ["eagle-tree", "standalone-tree", "dflash-tree"])
 def test_lanes_that_finished_leave_the_others_drafting_together(target2, kind):
     """The first lane ends at its first token (its EOS), before it ever drafts: the group drafts without it,
     every output still plain decoding's."""
@@ -126,7 +138,7 @@ def test_lanes_that_finished_leave_the_others_drafting_together(target2, kind):
     assert lengths[0] == 1 and max(lengths) > 4
 
 
-@pytest.mark.parametrize("kind", ["eagle-tree", "standalone-tree"])
+@pytest.mark.parametrize("kind", ["eagle-tree", "standalone-tree", "dflash-tree"])
 def test_a_drafter_decodes_alone_after_its_batch(target2, kind):
     drafters = lanes_of(kind, target2, 3)
     generate_packed(target2, PROMPTS[:3], drafters, max_new_tokens=9, eos_token_id=[], budget="fixed")
@@ -134,7 +146,8 @@ def test_a_drafter_decodes_alone_after_its_batch(target2, kind):
     ref = generate(target2, PROMPTS[1], max_new_tokens=11, eos_token_id=[])
     out = generate(target2, PROMPTS[1], drafters[1], max_new_tokens=11, eos_token_id=[], budget="fixed")
     assert out.tokens.tolist() == ref.tokens.tolist()
-    assert drafters[1].cache is drafters[1].own_cache and drafters[1].cache.batch_size == 1
+    own = drafters[1].alone.cache if kind.startswith("dflash") else drafters[1].own_cache
+    assert drafters[1].cache is own and len(drafters[1].cache.lengths) == 1
 
 
 def test_only_drafters_of_one_draft_and_settings_draft_together(target2):
@@ -143,19 +156,23 @@ def test_only_drafters_of_one_draft_and_settings_draft_together(target2):
     assert lane_groups([EagleDrafter(target2, a), EagleDrafter(target2, b)]) == []
     assert lane_groups([EagleDrafter(target2, a, top_k=2), EagleDrafter(target2, a, top_k=3)]) == []
     assert lane_groups([StandaloneDrafter(tiny_model(seed=1)), StandaloneDrafter(tiny_model(seed=1))]) == []
+    flash = [make_dflash_draft(target2, block_size=5, mask_token_id=5) for _ in range(2)]
+    assert lane_groups([DFlashDrafter(target2, flash[0]), DFlashDrafter(target2, flash[1])]) == []
+    assert len(lane_groups([DFlashDrafter(target2, flash[0]), DFlashDrafter(target2, flash[0])])) == 1
     eagles, drafts = lanes_of("eagle-tree", target2, 3, draft=a), lanes_of("standalone-tree", target2, 2)
     groups = lane_groups([eagles[0], NoDrafter(), drafts[0], eagles[1], eagles[2], drafts[1]])
     assert sorted(idx for idx, _ in groups) == [[0, 3, 4], [2, 5]]
 
 
-@pytest.mark.parametrize("kind", ["eagle-tree", "standalone-tree"])
+@pytest.mark.parametrize("kind", ["eagle-tree", "standalone-tree", "dflash-tree"])
 def test_sampled_lanes_are_lossless(kind):
     """Four lanes of one prompt, sampled at temperature 1: the 2nd and 3rd tokens of every lane (decided by one
     depth-2 tree drafted with the other lanes' in one forward per level) follow the target's exact joint."""
     target = tiny_target(layers=1, vocab=16, seed=0, logit_scale=90.0)
     prompt = torch.tensor([3, 7, 1, 12, 5])
     exact = _exact_joint(target, prompt)
-    draft = target if kind.startswith("standalone") else oracle_draft(target)
+    draft = {"standalone": target, "dflash": None}.get(kind.split("-")[0]) if not kind.startswith("eagle") \
+        else oracle_draft(target)
     drafters = lanes_of(kind, target, 4, draft=draft, max_depth=3, top_k=4, max_nodes=8)
     n, counts = 500, torch.zeros(16, 16)
     for s in range(n):
