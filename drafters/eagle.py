@@ -43,11 +43,8 @@ import torch
 from torch import nn
 from transformers import AutoConfig, AutoModel
 
-from draftkit.drafters.tree_search import draft
-from draftkit.verify.cache import KVBuffer
 from draftkit.verify.contract import Budget, DecodeState, DraftTree, StepResult
 from draftkit.verify.forward import run_model
-from draftkit.verify.tree import MaskBuffer
 
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
@@ -274,10 +271,14 @@ class EagleDrafter:
         self.budget_cap = Budget(max_depth, max_nodes if top_k > 1 else max_depth)
         self.temperature = temperature
         self.sampling = sampling
-        self.masks = MaskBuffer(self.dtype, self.device)
-        self.own_cache = KVBuffer(num_layers=1, capacity=0)  # while in a batch's group: a row of the group's
-        self.cache = self.own_cache
+        self.cache = None
+        self.alone = self._group_of_one()  # one sequence drafts as a group of one (drafters/lanes.py)
         self.reset(None)
+
+    def _group_of_one(self):
+        from draftkit.drafters.eagle_lanes import EagleLanes
+
+        return EagleLanes([self])
 
     @classmethod
     def from_pretrained(cls, path: str, target, **flags) -> "EagleDrafter":
@@ -301,9 +302,8 @@ class EagleDrafter:
         return EagleLanes(drafters) if cls is EagleDrafter and EagleLanes.compatible(drafters) else None
 
     def reset(self, prompt) -> None:
-        self.cache, self.group = self.own_cache, None  # out of any batch's group
-        self.cache.reset()  # committed pairs (committed tokens - 1)
-        self.cache.reserve(2 * (prompt.numel() if prompt is not None else 0) + 256)
+        # out of any batch's group; the cache holds committed pairs (committed tokens - 1)
+        self.alone.reset(2 * (prompt.numel() if prompt is not None else 0) + 256)
         self.bank = None  # row 0: f^ at the root; row e + 1: output of the e-th node run this step
         self.todo = []  # (features (k, nH), next tokens (k,)) of kept positions the draft has not run yet
 
@@ -311,35 +311,14 @@ class EagleDrafter:
         """Target-vocabulary logits (reference EAGLE-3: the draft's own head, -inf outside its vocabulary)."""
         return self.draft.logits(feats, self.head)
 
-    def _run(self, feats, tokens, block=None, offsets=None) -> torch.Tensor:
-        """(k, H) draft outputs for pairs (feats, tokens) on top of the draft cache (pending entries)."""
-        out = run_model(self.draft, self.cache, self.masks, block, offsets, features=feats[None],
+    def _run(self, feats, tokens) -> torch.Tensor:
+        """(k, H) draft outputs for pairs (feats, tokens), causal on top of the draft cache (P-EAGLE's one pass)."""
+        out = run_model(self.draft, self.cache, None, None, None, features=feats[None],
                         embeds=self.embed(tokens)[None])
         return out[0]
 
-    def _forward(self, tokens, parent_rows, block, depths):
-        """tree_search's forward: nodes go in as (f^_parent, emb(token)) at position root + depth - 1."""
-        out = self._run(self.bank[parent_rows + 1], tokens, block, None if block is None else depths - 1)
-        self.bank = torch.cat([self.bank, out])
-        return self._logits(out)
-
-    def _catch_up(self) -> None:
-        """Run the kept positions' true features through the draft (EAGLE's first draft forward of a step)."""
-        feats = torch.cat([f for f, _ in self.todo]) if len(self.todo) > 1 else self.todo[0][0]
-        nxt = torch.cat([t for _, t in self.todo]) if len(self.todo) > 1 else self.todo[0][1]
-        out = self._run(feats, nxt)
-        self.cache.commit(list(range(nxt.numel())))
-        self.todo, self.bank = [], out[-1:]
-
-    @torch.no_grad()
     def propose(self, state: DecodeState) -> DraftTree:
-        budget = state.budget
-        depth = min(budget.max_depth, budget.max_nodes)
-        if depth < 1 or not self.todo:
-            return DraftTree.empty(state.tokens.device)
-        self._catch_up()
-        root_logits = self._logits(self.bank[0])
-        return draft(root_logits, self._forward, state, self.top_k, self.temperature, self.sampling)
+        return self.alone.propose([state])[0]
 
     @torch.no_grad()
     def update(self, result: StepResult) -> None:

@@ -18,7 +18,7 @@ class EagleLanes(DraftLanes):
 
     def __init__(self, drafters: list):
         first = drafters[0]
-        if any(d.todo for d in drafters):
+        if any(getattr(d, "todo", None) for d in drafters):
             raise ValueError("EAGLE lanes are formed right after the drafters' reset")
         super().__init__(drafters, 1, first.dtype, first.device)
         self.draft, self.embed, self.logits = first.draft, first.embed, first._logits
@@ -36,9 +36,10 @@ class EagleLanes(DraftLanes):
         nxt = {r: torch.cat([x for _, x in t]) for r, t in todo.items()}  # (k_r,) the token after each
         k = {r: nxt[r].numel() for r in rows}
         q = max(k.values())
-        causal = torch.ones(q, q, dtype=torch.bool, device=self.device).tril()
-        out = run_model(self.draft, self.cache, self.masks, causal, torch.arange(q, device=self.device),
-                        features=self.padded(feats, q), embeds=self.embed(self.padded(nxt, q)))
+        causal = None if len(self.drafters) == 1 else torch.ones(q, q, dtype=torch.bool, device=self.device).tril()
+        out = run_model(self.draft, self.cache, self.masks, causal, None if causal is None else
+                        torch.arange(q, device=self.device), features=self.padded(feats, q),
+                        embeds=self.embed(self.padded(nxt, q)))
         self.cache.commit([list(range(k[r])) if r in k else [] for r in range(len(self.drafters))])
         for r in rows:
             d = self.drafters[r]

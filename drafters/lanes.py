@@ -17,7 +17,9 @@ translated from its run order to them. Padding entries are never visible to a re
 the trees each lane would draft alone (the same forwards, batched; tested).
 
 `DraftLanes` drives the searches and lays out the forwards; a subclass says what goes in and comes out
-(`EagleLanes` in drafters/eagle_lanes.py, `StandaloneLanes` in drafters/standalone.py).
+(`EagleLanes` in drafters/eagle_lanes.py, `StandaloneLanes` in drafters/standalone.py). One sequence is the
+group of one (each drafter's `alone`), so a method has one drafting path: its forwards then take the search's
+own mask (no padding, no scatter), as a lone drafter would.
 """
 from __future__ import annotations
 
@@ -38,14 +40,21 @@ class DraftLanes:
         first = drafters[0]
         self.top_k, self.temperature, self.sampling = first.top_k, first.temperature, first.sampling
         self.masks = MaskBuffer(dtype, device)
-        self.cache = KVBuffer(num_layers, batch_size=len(drafters),
-                              capacity=max(max(d.cache.capacity for d in drafters), 256))
+        held = [d.cache for d in drafters if getattr(d, "cache", None) is not None]
+        self.cache = KVBuffer(num_layers, batch_size=len(drafters), capacity=max([c.capacity for c in held] + [256]))
         self.slots: dict[int, list[int]] = {}  # per drafting lane: the pending offsets of its entries this step
         self.kept: dict[int, list[int]] = {}  # per lane: the pending offsets it keeps, committed before next use
+        if any(c.lengths[0] for c in held):
+            raise ValueError("lanes are formed right after the drafters' reset")
         for d in drafters:
-            if d.cache.lengths[0]:
-                raise ValueError("lanes are formed right after the drafters' reset")
             d.cache, d.group = self.cache, self
+
+    def reset(self, reserve: int) -> None:
+        """A group of one, for its drafter's next sequence: empty, with room for `reserve` entries."""
+        self.cache.reset()
+        self.cache.reserve(reserve)
+        self.slots, self.kept = {}, {}
+        self.drafters[0].cache, self.drafters[0].group = self.cache, self
 
     # --- what a subclass supplies ---------------------------------------------------------------------------
     def wants(self, r: int, state: DecodeState) -> bool:
@@ -105,6 +114,11 @@ class DraftLanes:
         """One draft forward answering every lane's pending request: {lane: (k, V) logits}."""
         n, pending, dev = len(self.drafters), self.cache.pending, self.device
         size = {r: req[0].numel() for r, req in requests.items()}
+        if n == 1:  # one sequence: the search's own block over its pending entries (None: a chain, causal)
+            (r, (_, _, own, depths)), = requests.items()
+            self.slots[r] += list(range(pending, pending + size[r]))
+            return self.run_nodes(requests, None if own is None else own[None].to(dev),
+                                  None if own is None else (depths - 1)[None], size[r])
         q = max(size.values())
         block = torch.zeros(n, q, pending + q, dtype=torch.bool, device=dev)
         block[:, torch.arange(q), pending + torch.arange(q)] = True  # padding queries see themselves
@@ -125,6 +139,8 @@ class DraftLanes:
     def padded(self, per_row: dict, q: int, fill=0) -> torch.Tensor:
         """(L, q, ...) from {lane: (k, ...)} tensors, the rest `fill`."""
         some = next(iter(per_row.values()))
+        if len(self.drafters) == 1 and some.shape[0] == q:  # one sequence: a view, no copy
+            return some[None]
         out = torch.full((len(self.drafters), q, *some.shape[1:]), fill, dtype=some.dtype, device=self.device)
         for r, x in per_row.items():
             out[r, :x.shape[0]] = x

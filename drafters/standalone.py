@@ -12,12 +12,11 @@ from __future__ import annotations
 
 import torch
 from draftkit.drafters.lanes import DraftLanes, compatible
-from draftkit.drafters.tree_search import draft, kept_entries
+from draftkit.drafters.tree_search import kept_entries
 from draftkit.verify.accept import Sampling
 from draftkit.verify.cache import KVBuffer  # the same cache class the verifier uses
 from draftkit.verify.contract import Budget, DecodeState, DraftTree, StepResult
 from draftkit.verify.forward import context_limit, run_model
-from draftkit.verify.tree import MaskBuffer
 
 
 def check_same_vocabulary(target, draft, target_tokenizer=None, draft_tokenizer=None,
@@ -67,9 +66,8 @@ class StandaloneDrafter:
         self.temperature = temperature
         self.sampling = sampling
         self.max_len = context_limit(model)
-        self.masks = MaskBuffer(model.dtype, model.device)
-        self.own_cache = KVBuffer.for_model(model, capacity=0)  # while in a batch's group: a row of the group's
-        self.cache, self.group = self.own_cache, None
+        self.cache = None
+        self.alone = StandaloneLanes([self])  # one sequence drafts as a group of one (drafters/lanes.py)
 
     def lane(self) -> "StandaloneDrafter":
         """A drafter for another lane of a batch: the same draft model (shared, so the lanes can draft
@@ -84,36 +82,15 @@ class StandaloneDrafter:
         return StandaloneLanes(drafters) if compatible(drafters, "model") else None
 
     def reset(self, prompt: torch.Tensor) -> None:
-        self.cache, self.group = self.own_cache, None  # out of any batch's group
-        self.cache.reset()
-        self.cache.reserve(2 * prompt.numel() + 256)
+        self.alone.reset(2 * prompt.numel() + 256)  # out of any batch's group
 
-    def _forward(self, tokens, parent_rows, block, depths):
-        """Draft nodes on top of the committed cache (see drafters.tree_search)."""
-        offsets = None if block is None else depths - 1  # the root sits at committed length - 1
-        out = run_model(self.model, self.cache, self.masks, block, offsets, input_ids=tokens[None])
-        return out.logits[0]
-
-    @torch.no_grad()
     def propose(self, state: DecodeState) -> DraftTree:
-        budget = state.budget
-        depth = min(budget.max_depth, budget.max_nodes)
-        if depth < 1 or (self.max_len and state.tokens.numel() + budget.max_nodes > self.max_len):
-            return DraftTree.empty(state.tokens.device)
-        # catch up on committed tokens the draft has not seen (at least the root); they are committed at once
-        new = state.tokens[self.cache.lengths[0]:]
-        logits = run_model(self.model, self.cache, None, None, None, input_ids=new[None].to(self.model.device),
-                           logits_to_keep=1).logits[0, -1]
-        self.cache.commit(list(range(new.numel())))
-        return draft(logits, self._forward, state, self.top_k, self.temperature, self.sampling)
+        return self.alone.propose([state])[0]
 
     def update(self, result: StepResult) -> None:
         # keep the draft entries of the accepted path that went through the draft; drop the rest
         entries = kept_entries(result.tree, result.accepted) if result.accepted and len(result.tree) else []
-        if self.group is not None:  # the group commits every lane's row at once, before it next drafts
-            self.group.keep(self, entries)
-        else:
-            self.cache.commit(entries)
+        self.group.keep(self, entries)  # the group commits every lane's row at once, before it next drafts
 
 
 class StandaloneLanes(DraftLanes):
@@ -123,7 +100,7 @@ class StandaloneLanes(DraftLanes):
 
     def __init__(self, drafters: list):
         model = drafters[0].model
-        super().__init__(drafters, len(drafters[0].cache.layers), model.dtype, model.device)
+        super().__init__(drafters, KVBuffer.layers_of(model), model.dtype, model.device)
         self.model, self.max_len = model, drafters[0].max_len
 
     def wants(self, r: int, state: DecodeState) -> bool:
@@ -134,10 +111,13 @@ class StandaloneLanes(DraftLanes):
         new = {r: states[r].tokens[self.cache.lengths[r]:].to(self.device) for r in rows}
         k = {r: x.numel() for r, x in new.items()}
         q = max(k.values())
-        causal = torch.ones(q, q, dtype=torch.bool, device=self.device).tril()
         last = sorted({k[r] - 1 for r in rows})  # the positions whose logits some lane needs: its root
-        out = run_model(self.model, self.cache, self.masks, causal, torch.arange(q, device=self.device),
-                        input_ids=self.padded(new, q), logits_to_keep=torch.tensor(last, device=self.device))
+        if len(self.drafters) == 1:  # one sequence: causal by itself, its last logits only
+            out = run_model(self.model, self.cache, None, None, None, input_ids=self.padded(new, q), logits_to_keep=1)
+        else:
+            causal = torch.ones(q, q, dtype=torch.bool, device=self.device).tril()
+            out = run_model(self.model, self.cache, self.masks, causal, torch.arange(q, device=self.device),
+                            input_ids=self.padded(new, q), logits_to_keep=torch.tensor(last, device=self.device))
         self.cache.commit([list(range(k[r])) if r in k else [] for r in range(len(self.drafters))])
         return torch.stack([out.logits[r, last.index(k[r] - 1)] for r in rows])
 

@@ -146,7 +146,7 @@ def test_a_drafter_decodes_alone_after_its_batch(target2, kind):
     ref = generate(target2, PROMPTS[1], max_new_tokens=11, eos_token_id=[])
     out = generate(target2, PROMPTS[1], drafters[1], max_new_tokens=11, eos_token_id=[], budget="fixed")
     assert out.tokens.tolist() == ref.tokens.tolist()
-    own = drafters[1].alone.cache if kind.startswith("dflash") else drafters[1].own_cache
+    own = drafters[1].alone.cache
     assert drafters[1].cache is own and len(drafters[1].cache.lengths) == 1
 
 

@@ -121,9 +121,13 @@ class KVBuffer(Cache):
 
     @classmethod
     def for_model(cls, model, batch_size: int = 1, capacity: int = 256, static: bool = False) -> "KVBuffer":
+        return cls(cls.layers_of(model), batch_size, capacity, static)
+
+    @staticmethod
+    def layers_of(model) -> int:
+        """How many layers' keys and values `model` caches."""
         cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
-        n = getattr(cfg, "num_hidden_layers", None) or getattr(cfg, "n_layer")
-        return cls(int(n), batch_size, capacity, static)
+        return int(getattr(cfg, "num_hidden_layers", None) or getattr(cfg, "n_layer"))
 
     # -- the forward's view -------------------------------------------------------------------
     @property
