@@ -44,7 +44,6 @@ from torch import nn
 from transformers import AutoConfig, AutoModel
 
 from draftkit.verify.contract import Budget, DecodeState, DraftTree, StepResult
-from draftkit.verify.forward import run_model
 
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
@@ -272,13 +271,15 @@ class EagleDrafter:
         self.temperature = temperature
         self.sampling = sampling
         self.cache = None
-        self.alone = self._group_of_one()  # one sequence drafts as a group of one (drafters/lanes.py)
+        self.alone = self.lanes_class()([self])  # one sequence drafts as a group of one (drafters/lanes.py)
         self.reset(None)
 
-    def _group_of_one(self):
+    @staticmethod
+    def lanes_class():
+        """The group its lanes draft in (drafters/eagle_lanes.py)."""
         from draftkit.drafters.eagle_lanes import EagleLanes
 
-        return EagleLanes([self])
+        return EagleLanes
 
     @classmethod
     def from_pretrained(cls, path: str, target, **flags) -> "EagleDrafter":
@@ -295,11 +296,10 @@ class EagleDrafter:
                           top_k=self.top_k, temperature=self.temperature, sampling=self.sampling)
 
     @classmethod
-    def draft_lanes(cls, drafters: list) -> "EagleLanes | None":
+    def draft_lanes(cls, drafters: list):
         """The lanes of a batch drafting together (drafters/eagle_lanes.py), when they share a draft and settings."""
-        from draftkit.drafters.eagle_lanes import EagleLanes
-
-        return EagleLanes(drafters) if cls is EagleDrafter and EagleLanes.compatible(drafters) else None
+        group = cls.lanes_class()
+        return group(drafters) if group.compatible(drafters) else None
 
     def reset(self, prompt) -> None:
         # out of any batch's group; the cache holds committed pairs (committed tokens - 1)
@@ -310,12 +310,6 @@ class EagleDrafter:
     def _logits(self, feats: torch.Tensor) -> torch.Tensor:
         """Target-vocabulary logits (reference EAGLE-3: the draft's own head, -inf outside its vocabulary)."""
         return self.draft.logits(feats, self.head)
-
-    def _run(self, feats, tokens) -> torch.Tensor:
-        """(k, H) draft outputs for pairs (feats, tokens), causal on top of the draft cache (P-EAGLE's one pass)."""
-        out = run_model(self.draft, self.cache, None, None, None, features=feats[None],
-                        embeds=self.embed(tokens)[None])
-        return out[0]
 
     def propose(self, state: DecodeState) -> DraftTree:
         return self.alone.propose([state])[0]

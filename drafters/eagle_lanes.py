@@ -1,4 +1,5 @@
-"""EAGLE drafters of a batch's lanes drafting together (drafters/lanes.py): what goes in and comes out.
+"""EAGLE and P-EAGLE drafters of a batch's lanes drafting together (drafters/lanes.py): what goes in and
+comes out.
 
 Each lane's catch-up runs its kept positions' true target features through the draft (one forward for every
 lane, ragged), and each level runs every lane's frontier nodes as (f^ of the parent, embedding of the token)
@@ -9,7 +10,8 @@ from __future__ import annotations
 import torch
 
 from draftkit.drafters.lanes import DraftLanes, compatible
-from draftkit.verify.contract import DecodeState
+from draftkit.drafters.tree_search import draft_from_depths
+from draftkit.verify.contract import DecodeState, DraftTree
 from draftkit.verify.forward import run_model
 
 
@@ -21,7 +23,7 @@ class EagleLanes(DraftLanes):
         if any(getattr(d, "todo", None) for d in drafters):
             raise ValueError("EAGLE lanes are formed right after the drafters' reset")
         super().__init__(drafters, 1, first.dtype, first.device)
-        self.draft, self.embed, self.logits = first.draft, first.embed, first._logits
+        self.draft, self.embed, self.logits, self.dtype = first.draft, first.embed, first._logits, first.dtype
 
     @staticmethod
     def compatible(drafters: list) -> bool:
@@ -31,11 +33,21 @@ class EagleLanes(DraftLanes):
         return super().wants(r, state) and bool(self.drafters[r].todo)
 
     def catch_up(self, rows: list[int], states: list) -> torch.Tensor:
-        todo = {r: self.drafters[r].todo for r in rows}
-        feats = {r: torch.cat([f for f, _ in t]) for r, t in todo.items()}  # (k_r, nH) true target features
-        nxt = {r: torch.cat([x for _, x in t]) for r, t in todo.items()}  # (k_r,) the token after each
-        k = {r: nxt[r].numel() for r in rows}
-        q = max(k.values())
+        self._run_kept(rows, {})
+        return self.logits(torch.cat([self.drafters[r].bank for r in rows]))
+
+    def _run_kept(self, rows: list[int], extra: dict) -> tuple[torch.Tensor, dict]:
+        """One causal draft forward over each drafting lane's kept pairs (true target features, the token after
+        each), followed by its `extra` pairs ({lane: (features (m, nH), tokens (m,))}); the kept pairs' entries
+        are committed, the extras' dropped. Returns the outputs (L, q, H) and each lane's kept count."""
+        feats, nxt, k = {}, {}, {}
+        for r in rows:
+            d = self.drafters[r]
+            pairs = d.todo + ([extra[r]] if r in extra else [])
+            feats[r] = torch.cat([f.to(self.dtype) for f, _ in pairs])  # (k_r + m_r, nH)
+            nxt[r] = torch.cat([x for _, x in pairs])
+            k[r] = sum(x.numel() for _, x in d.todo)
+        q = max(x.numel() for x in nxt.values())
         causal = None if len(self.drafters) == 1 else torch.ones(q, q, dtype=torch.bool, device=self.device).tril()
         out = run_model(self.draft, self.cache, self.masks, causal, None if causal is None else
                         torch.arange(q, device=self.device), features=self.padded(feats, q),
@@ -44,7 +56,7 @@ class EagleLanes(DraftLanes):
         for r in rows:
             d = self.drafters[r]
             d.todo, d.bank = [], out[r, k[r] - 1:k[r]]  # bank row 0: f^ at the root
-        return self.logits(torch.cat([self.drafters[r].bank for r in rows]))
+        return out, k
 
     def run_nodes(self, requests: dict, block: torch.Tensor, offsets: torch.Tensor, q: int) -> dict:
         banks = {r: self.drafters[r].bank for r in requests}
@@ -56,3 +68,27 @@ class EagleLanes(DraftLanes):
             self.drafters[r].bank = torch.cat([banks[r], out[r, :size[r]]])
         logits = self.logits(torch.cat([out[r, :size[r]] for r in requests]))  # one head call for every lane
         return dict(zip(requests, logits.split(list(size.values()))))
+
+
+class PEagleLanes(EagleLanes):
+    """P-EAGLE drafters (drafters/peagle.py) of one draft: each drafting lane's kept pairs and its depth - 1
+    placeholder pairs, every lane in ONE causal draft forward; each lane's chain or tree is cut from its own
+    per-depth logits (the root's output and the placeholders')."""
+
+    def __init__(self, drafters: list):
+        super().__init__(drafters)
+        self.mask_token = torch.tensor([self.draft.config.mask_token_id], device=self.device)  # (1,)
+
+    @torch.no_grad()
+    def propose(self, states: list[DecodeState | None]) -> list[DraftTree]:
+        trees = [None if st is None else DraftTree.empty(st.tokens.device) for st in states]
+        rows = [r for r, st in enumerate(states) if st is not None and self.wants(r, st)]
+        if not rows:
+            return trees
+        depth = {r: min(states[r].budget.max_depth, states[r].budget.max_nodes) for r in rows}
+        extra = {r: (self.draft.placeholders(depth[r] - 1), self.mask_token.expand(depth[r] - 1)) for r in rows}
+        out, k = self._run_kept(rows, extra)
+        for r in rows:  # the root's output (depth 1), then each placeholder's (depths 2 ..)
+            logits = self.logits(out[r, k[r] - 1:k[r] - 1 + depth[r]])
+            trees[r] = draft_from_depths(logits, states[r], self.top_k, self.temperature, self.sampling)
+        return trees

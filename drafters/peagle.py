@@ -20,8 +20,6 @@ from torch import nn
 
 from draftkit.drafters.eagle import EagleDrafter
 from draftkit.drafters.eagle_reference import Eagle3Draft
-from draftkit.drafters.tree_search import draft_from_depths
-from draftkit.verify.contract import DecodeState, DraftTree
 
 
 class PEagleDraft(Eagle3Draft):
@@ -76,7 +74,6 @@ class PEagleDrafter(EagleDrafter):
             raise ValueError("PEagleDrafter needs a P-EAGLE draft (an EAGLE-3 draft with mask_hidden and "
                              "mask_token_id); train one with recipes/eagle/peagle.yaml")
         super().__init__(target, draft, **flags)
-        self.mask_token = torch.tensor([draft.config.mask_token_id], device=self.device)
 
     @classmethod
     def from_pretrained(cls, path: str, target, **flags) -> "PEagleDrafter":
@@ -84,21 +81,11 @@ class PEagleDrafter(EagleDrafter):
 
         return cls(target, load_eagle_draft(path, target), **flags)
 
-    @torch.no_grad()
-    def propose(self, state: DecodeState) -> DraftTree:
-        depth = min(state.budget.max_depth, state.budget.max_nodes)
-        if depth < 1 or not self.todo:
-            return DraftTree.empty(state.tokens.device)
-        feats = torch.cat([f for f, _ in self.todo])  # (k, 3H) true target features of the kept positions
-        nxt = torch.cat([t for _, t in self.todo])  # (k,) the token that followed each
-        k, m = nxt.numel(), depth - 1
-        feats = torch.cat([feats.to(self.dtype), self.draft.placeholders(m).to(self.dtype)])  # (k + m, 3H)
-        tokens = torch.cat([nxt, self.mask_token.expand(m)])
-        out = self._run(feats, tokens)  # (k + m, H): the one draft forward of this step
-        self.cache.commit(list(range(k)))  # keep the true pairs; the placeholders' entries go
-        self.todo, self.bank = [], out[k - 1:k]
-        return draft_from_depths(self._logits(out[k - 1:]), state, self.top_k, self.temperature,
-                                 self.sampling)
+    @staticmethod
+    def lanes_class():
+        from draftkit.drafters.eagle_lanes import PEagleLanes
+
+        return PEagleLanes
 
 
 __all__ = ["PEagleDraft", "PEagleDrafter", "make_peagle_draft"]

@@ -1,4 +1,4 @@
-"""The drafters of a batch's lanes drafting together (drafters/lanes.py: EAGLE and standalone;
+"""The drafters of a batch's lanes drafting together (drafters/lanes.py: EAGLE, P-EAGLE and standalone;
 drafters/dflash_lanes.py: DFlash): the same trees and draft caches as alone, lossless batches, and each drafter back on its own after its batch."""
 import pytest
 import torch
@@ -8,7 +8,9 @@ from tests.test_eagle import _exact_joint, oracle_draft, tiny_target
 from draftkit.drafters.dflash import DFlashDrafter, make_dflash_draft
 from draftkit.drafters.dflash_lanes import DFlashLanes
 from draftkit.drafters.eagle import EagleDraftModel, EagleDrafter
+from draftkit.drafters.eagle_lanes import PEagleLanes
 from draftkit.drafters.lanes import DraftLanes
+from draftkit.drafters.peagle import PEagleDrafter, make_peagle_draft
 from draftkit.drafters.standalone import StandaloneDrafter
 from draftkit.verify.accept import Sampling
 from draftkit.verify.contract import NoDrafter, lane_groups
@@ -19,12 +21,13 @@ torch.set_num_threads(1)
 
 PROMPTS = [torch.tensor([5]), torch.tensor([3, 17, 42, 8, 8, 61, 0, 9]), torch.arange(20) % 7 + 30,
            torch.tensor([11, 2, 2, 40])]
-KINDS = ["eagle-tree", "eagle-chain", "eagle3-tree", "standalone-tree", "standalone-chain", "dflash-tree", "dflash-chain"]
+KINDS = ["eagle-tree", "eagle-chain", "eagle3-tree", "standalone-tree", "standalone-chain", "dflash-tree", "dflash-chain",
+         "peagle-tree", "peagle-chain"]
 
 
 @pytest.fixture(scope="module")
 def target2():
-    return tiny_target(layers=2, seed=0)
+    return tiny_target(layers=4, seed=0)  # four layers: a reference EAGLE-3 (P-EAGLE) draft reads three of them
 
 
 def lanes_of(kind: str, target, n: int, draft=None, **flags) -> list:
@@ -33,6 +36,8 @@ def lanes_of(kind: str, target, n: int, draft=None, **flags) -> list:
     torch.manual_seed(7)
     if kind.startswith("standalone"):
         first = StandaloneDrafter(draft if draft is not None else tiny_model("llama", seed=5), **flags)
+    elif kind.startswith("peagle"):
+        first = PEagleDrafter(target, draft if draft is not None else make_peagle_draft(target, [1, 2, 3], 5), **flags)
     elif kind.startswith("dflash"):
         draft = draft if draft is not None else make_dflash_draft(target, block_size=6, mask_token_id=5)
         first = DFlashDrafter(target, draft, **flags)
@@ -53,7 +58,7 @@ def record_trees(monkeypatch, cls, grouped: bool) -> dict:
         bank = bank.clone() if bank is not None and len(tree) else None
         seen.setdefault(id(d), []).append((tree.host_tokens, tree.host_parents, bank))
     if grouped:
-        group_cls = DFlashLanes if cls is DFlashDrafter else DraftLanes
+        group_cls = {DFlashDrafter: DFlashLanes, PEagleDrafter: PEagleLanes}.get(cls, DraftLanes)
         original = group_cls.propose
 
         def propose(self, states):
@@ -80,7 +85,8 @@ def test_lanes_draft_the_trees_and_caches_each_lane_drafts_alone(target2, kind, 
     """Every tree each lane proposes, and the draft's cached keys (a wrong position or mask moves them even where
     it flips no token), equal what the lane's drafter computes alone."""
     trees, keys = {}, {}
-    cls = {"standalone": StandaloneDrafter, "dflash": DFlashDrafter}.get(kind.split("-")[0], EagleDrafter)
+    cls = {"standalone": StandaloneDrafter, "dflash": DFlashDrafter, "peagle": PEagleDrafter}.get(kind.split("-")[0],
+                                                                                                EagleDrafter)
     for grouped in (False, True):
         with monkeypatch.context() as m:
             seen = record_trees(m, cls, grouped)
@@ -108,24 +114,23 @@ def cached_keys(cache, row: int) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("budget", ["fixed", "auto"])
-@pytest.mark.parametrize("kind", ["eagle-tree", "eagle-chain", "standalone-tree", "dflash-tree"])
+@pytest.mark.parametrize("kind", ["eagle-tree", "eagle-chain", "standalone-tree", "dflash-tree", "peagle-tree"])
 def test_batched_lanes_decode_what_plain_batches_decode(budget, kind):
-    """Oracle drafts (accepted deep; DFlash: a random one): every batch's output is plain batched decoding's, at
+    """Oracle drafts (accepted deep; DFlash and P-EAGLE: random ones): every batch's output is plain batched decoding's, at
     lengths that end mid-draft."""
-    target = tiny_target(layers=1, seed=3, logit_scale=20.0)
-    draft = {"standalone": target, "dflash": None}.get(kind.split("-")[0]) if not kind.startswith("eagle") \
-        else oracle_draft(target)
+    target = tiny_target(layers=4 if kind.startswith("peagle") else 1, seed=3, logit_scale=20.0)
+    draft = {"standalone": target}.get(kind.split("-")[0]) if not kind.startswith("eagle") else oracle_draft(target)
     drafters = lanes_of(kind, target, len(PROMPTS), draft=draft, max_depth=5, max_nodes=16)
     assert len(lane_groups(drafters)) == 1
     for n in (2, 9, 23):
         plain = generate_packed(target, PROMPTS, [NoDrafter() for _ in PROMPTS], n, eos_token_id=[], logprobs=False)
         out = generate_packed(target, PROMPTS, drafters, n, eos_token_id=[], budget=budget, logprobs=False)
         assert [o.tokens.tolist() for o in out.outputs] == [o.tokens.tolist() for o in plain.outputs]
-    if budget == "fixed" and not kind.startswith("dflash"):  # the controller may find drafting does not pay here
+    if budget == "fixed" and kind.split("-")[0] in ("eagle", "standalone"):  # the controller may find drafting does not pay here
         assert any(s.accepted >= 2 for o in out.outputs for s in o.stats.decode_steps)
 
 
-@pytest.mark.parametrize("kind", ["eagle-tree", "standalone-tree", "dflash-tree"])
+@pytest.mark.parametrize("kind", ["eagle-tree", "standalone-tree", "dflash-tree", "peagle-tree"])
 def test_lanes_that_finished_leave_the_others_drafting_together(target2, kind):
     """The first lane ends at its first token (its EOS), before it ever drafts: the group drafts without it,
     every output still plain decoding's."""
@@ -138,7 +143,7 @@ def test_lanes_that_finished_leave_the_others_drafting_together(target2, kind):
     assert lengths[0] == 1 and max(lengths) > 4
 
 
-@pytest.mark.parametrize("kind", ["eagle-tree", "standalone-tree", "dflash-tree"])
+@pytest.mark.parametrize("kind", ["eagle-tree", "standalone-tree", "dflash-tree", "peagle-tree"])
 def test_a_drafter_decodes_alone_after_its_batch(target2, kind):
     drafters = lanes_of(kind, target2, 3)
     generate_packed(target2, PROMPTS[:3], drafters, max_new_tokens=9, eos_token_id=[], budget="fixed")
@@ -164,15 +169,14 @@ def test_only_drafters_of_one_draft_and_settings_draft_together(target2):
     assert sorted(idx for idx, _ in groups) == [[0, 3, 4], [2, 5]]
 
 
-@pytest.mark.parametrize("kind", ["eagle-tree", "standalone-tree", "dflash-tree"])
+@pytest.mark.parametrize("kind", ["eagle-tree", "standalone-tree", "dflash-tree", "peagle-tree"])
 def test_sampled_lanes_are_lossless(kind):
     """Four lanes of one prompt, sampled at temperature 1: the 2nd and 3rd tokens of every lane (decided by one
     depth-2 tree drafted with the other lanes' in one forward per level) follow the target's exact joint."""
-    target = tiny_target(layers=1, vocab=16, seed=0, logit_scale=90.0)
+    target = tiny_target(layers=4 if kind.startswith("peagle") else 1, vocab=16, seed=0, logit_scale=90.0)
     prompt = torch.tensor([3, 7, 1, 12, 5])
     exact = _exact_joint(target, prompt)
-    draft = {"standalone": target, "dflash": None}.get(kind.split("-")[0]) if not kind.startswith("eagle") \
-        else oracle_draft(target)
+    draft = {"standalone": target}.get(kind.split("-")[0]) if not kind.startswith("eagle") else oracle_draft(target)
     drafters = lanes_of(kind, target, 4, draft=draft, max_depth=3, top_k=4, max_nodes=8)
     n, counts = 500, torch.zeros(16, 16)
     for s in range(n):
