@@ -158,3 +158,21 @@ def test_idle_lanes_of_a_batch_probe_about_as_often_as_one_sequence():
     alone = policies[0]
     given = [alone.budget(100).max_depth for _ in range(3 * ctl.PROBE_WAIT_MAX)]
     assert any(given)  # back to one sequence's waits
+
+
+def test_lanes_whose_siblings_never_pass_draft_their_chains():
+    """Tree drafters whose first children pass as often as their whole trees (siblings add nothing) and whose
+    rows cost: each lane's 16-node tree would make the shared forward dear, so the plan gives chains."""
+    profile = curve(0.01, lambda n: 1.0 + 0.05 * n)
+    policies = []
+    for _ in range(4):
+        policy = lane(profile, 0.7, cap=Budget(4, 16), draft_s_per_level=0.0002)
+        policy.chain_acceptance = AcceptanceModel(4, prior_rate=0.7, prior_weight=1e9)
+        for _ in range(8):  # the tree's first children seen: the chain is offered
+            policy.chain_acceptance.observe(4, 3)
+        policies.append(policy)
+    budgets = plan(policies)
+    assert all(0 < b.max_depth == b.max_nodes for b in budgets)
+    for policy in policies:  # with the chain not yet measured, the same lanes draft trees (or nothing)
+        policy.chain_acceptance = AcceptanceModel(4)
+    assert all(b.max_nodes > b.max_depth or b.max_depth == 0 for b in plan(policies))

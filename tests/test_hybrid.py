@@ -273,3 +273,22 @@ def test_suffix_and_eagle_at_temperature_08_follow_the_target():
     counts, exact, accepted, hybrid = suffix_eagle_counts(1000)
     assert accepted > 200 and min(hybrid.member_accepted.values()) > 0  # both members' drafts are accepted
     assert min(fit_pvalues(counts, exact)) > P_OK, (fit_pvalues(counts, exact), tv(counts, exact))
+
+
+def test_sampled_shares_go_to_the_member_whose_next_node_adds_most():
+    """Under sampling the node budget is split before drafting: a member accepted 5% of the time gets no node
+    of a 4-level chain whose other member passes 70% a level (0.7^4 = 0.24 > 0.05); a member on probe gets one;
+    past the depth the further nodes are level-1 siblings of the member that fails there more often."""
+    hybrid = HybridDrafter([("a", SuffixDrafter()), ("b", SuffixDrafter())], max_depth=4, max_nodes=8)
+    cal = hybrid.calibration
+    for d in range(4):  # first-ranked draws: a passes 70 of 100 at every level, b 5 of 100
+        cal.reached[0][d][0], cal.passed[0][d][0] = 100.0, 70.0
+        cal.reached[1][d][0], cal.passed[1][d][0] = 100.0, 5.0
+    a, b = hybrid.members
+    assert hybrid._shares([a, b], Budget(4, 4), greedy=False) == {"a": 4, "b": 0}
+    b.probe = True
+    assert hybrid._shares([a, b], Budget(4, 4), greedy=False) == {"a": 3, "b": 1}
+    b.probe = False
+    assert hybrid._shares([a, b], Budget(4, 4), greedy=True) == {"a": 4, "b": 4}
+    shares = hybrid._shares([a, b], Budget(4, 8), greedy=False)
+    assert shares["a"] + shares["b"] == 8 and shares["a"] >= 4

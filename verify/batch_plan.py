@@ -6,7 +6,8 @@ lane's tree joins ONE forward whose rows are already many (8 lanes: 8 rows befor
 eight lanes that each think they are nearly free make the forward several times dearer, and every lane waits
 for it. Chosen lane by lane, drafters that pay at batch 4 lost at batch 8 (lookahead 0.72x at tau 2.07).
 
-Model of a packed step with L live lanes, lane i drafting depth D_i (N_i(D_i) nodes, its tree shape):
+Model of a packed step with L live lanes, lane i drafting depth D_i (N_i(D_i) nodes, its tree shape, or for a
+tree drafter its chain, N = D: each lane's options are both, verify/controller.py):
 
     committed   E = sum_i (1 + sum_{d=1..D_i} R_{i,d})          (R: the lane's AcceptanceModel.reach)
     seconds     T = f(q) + sum_i draft_i(D_i)                   q = sum_i (pending_i + N_i(D_i))
@@ -83,13 +84,15 @@ class BatchPlanner:
         q = base_q + sum(ln.nodes[d] for ln, d in zip(lanes, best))
         slope, step_s = self._slope(q, len(lanes)), self.forward_s(q)
         out = []
-        for ln, d in zip(lanes, best):
+        for ln, o in zip(lanes, best):
+            d, chain = ln.options[o]
+            gains, nodes, draft = ln.tables[chain]
             below, above = (d, d + 1) if d < ln.top else (max(d - 1, 0), d)  # at the top: the step to it
-            marginal = slope * (ln.nodes[above] - ln.nodes[below]) + ln.draft[above] - ln.draft[below]
-            share = step_s * (1 + ln.nodes[d]) / q + ln.draft[d]  # the lane's part of the step, for reports
-            times = [share] * len(ln.gains)
+            marginal = slope * (nodes[above] - nodes[below]) + draft[above] - draft[below]
+            share = step_s * (1 + nodes[d]) / q + draft[d]  # the lane's part of the step, for reports
+            times = [share] * len(gains)
             # a path of this lane is worth a level if its chance, weighted, beats what the level costs
-            out.append(ln.policy.choose(d, marginal, rate / max(ln.weight, 1e-3), ln.gains, times, len(lanes)))
+            out.append(ln.policy.choose(d, marginal, rate / max(ln.weight, 1e-3), gains, times, len(lanes), chain))
         return out
 
     @staticmethod
@@ -99,7 +102,7 @@ class BatchPlanner:
         return [_LaneModel(p, r, s / last) for p, r, s in zip(policies, remaining, steps_left)]
 
     def plan(self, lanes: list["_LaneModel"], base_q: int) -> tuple[list[int], float]:
-        """(each lane's depth, the objective's value there): the best of all-plain and a few Dinkelbach rounds."""
+        """(each lane's option, the objective's value there): the best of all-plain and a few Dinkelbach rounds."""
         plain = [0] * len(lanes)
         best, best_rate = plain, self.rate(lanes, plain, base_q)
         depths, lam = plain, best_rate
@@ -129,18 +132,19 @@ class BatchPlanner:
 
 
 class _LaneModel:
-    """One lane's tables by depth 0..top: expected committed tokens, nodes, drafting seconds; its weight."""
+    """One lane's options, (depth, chain?) for depths 0..top in each shape its policy plans (option 0: the plain
+    step), with their expected committed tokens, nodes and drafting seconds; its weight."""
 
     def __init__(self, policy: AutoBudget, remaining: int, weight: float):
         self.policy, self.weight = policy, weight
-        depths = range(policy.cap.max_depth + 1)  # the tables cover the cap: a probe reads level 1
         self.top = max(0, min(policy.cap.max_depth, remaining - 1))  # deeper than what is left commits nothing
-        reach = policy.acceptance.reach()
-        self.gains = [1.0 + sum(reach[:d]) for d in depths]
-        self.nodes = [policy.nodes(d) if d else 0 for d in depths]
-        self.draft = [policy.draft_cost(d) for d in depths]
+        self.tables = {chain: policy.tables(chain) for chain in policy.shapes()}  # by depth 0..cap: a probe reads 1
+        self.options = [(d, chain) for chain in self.tables for d in range(self.top + 1) if d or not chain]
+        self.gains = [self.tables[chain][0][d] for d, chain in self.options]
+        self.nodes = [self.tables[chain][1][d] for d, chain in self.options]
+        self.draft = [self.tables[chain][2][d] for d, chain in self.options]
 
     def best(self, lam: float, slope: float) -> int:
-        """The depth maximizing gains - lam * (the forward's cost of its nodes + its drafting)."""
-        return max(range(self.top + 1),
-                   key=lambda d: self.weight * self.gains[d] - lam * (slope * self.nodes[d] + self.draft[d]))
+        """The option maximizing gains - lam * (the forward's cost of its nodes + its drafting)."""
+        return max(range(len(self.options)),
+                   key=lambda o: self.weight * self.gains[o] - lam * (slope * self.nodes[o] + self.draft[o]))

@@ -171,6 +171,16 @@ class DraftTree:
     def max_depth(self) -> int:
         return max(self.depth)
 
+    def first_children(self, path: Sequence[int]) -> int:
+        """How many nodes of an accepted path (node indices from the root down) are, from the root on, each
+        their parent's first child: what this tree's chain of first children would have accepted."""
+        n = 0
+        for i in path:
+            if self.children[self.host_parents[i] + 1][0] != i + 1:
+                break
+            n += 1
+        return n
+
     @property
     def is_chain(self) -> bool:
         """Node i's parent is i - 1 for every i (the empty tree included)."""

@@ -28,6 +28,18 @@ plain step run would never find out. So a policy that has not measured one gives
 first few drafted steps, and again every PLAIN_EVERY steps while it keeps drafting (one sequence only: in
 a batch a lane's share of the forward is not what a plain step of its own would cost).
 
+A tree drafter (max_nodes > max_depth) also has a second shape to offer: its chain, one node per level (the
+first child of each node: the likeliest, or under sampling the first draw, which is what a chain would draw;
+the search then drafts a true chain, drafters/tree_search.py). Its pass rates are measured on the tree's own
+steps (did the accepted path run through first children, `StepStats.first_accepted`) and on the chains it
+drafts; its drafting time on chain steps. Which shape a step drafts is decided by what each shape's drafted
+steps realized (committed tokens per second, decayed), not by the model: the model's two predictions share
+its errors and sit within a few percent of each other, and chosen by them EAGLE drafted chains under greedy
+decoding 3.5% slower than its tree. The other shape drafts a run of EXPLORE_RUN steps every CHAIN_EXPLORE
+drafted steps, so both stay measured; the depth is the model's, within the shape. Under sampling a tree's later siblings seldom pass
+(EAGLE on code at T = 0.8: the chain 13% faster than the tree), and in a batch every node is a row of a
+forward that is already many rows.
+
 When D* = 0 the drafter idles, and every `probe_every` plain steps (doubling up to 16 while probes
 keep losing) it drafts one level of at most two nodes to re-measure, so a method that starts paying on
 later text is picked up again while a silent one costs next to nothing. Within a step, `Budget.min_path_prob` tells a drafter with path
@@ -56,6 +68,12 @@ PROBE_WAIT_MAX = 16  # plain steps between probes at most, while probes keep los
 PROBE_NODES = 2  # nodes of a probe: level 1, the best two candidates
 PLAIN_FIRST = 4  # drafted steps before the first plain step is measured
 PLAIN_EVERY = 64  # drafted steps in a row before the plain step is measured again (a changing machine load)
+CHAIN_EXPLORE = 48  # drafted steps of the preferred shape between two runs of the other one
+EXPLORE_RUN = 8  # drafted steps of the other shape in a row: a lone step of it pays for changing shapes (buffers
+# of other sizes), and measured so, the other shape never won back (EAGLE on code at T = 0.8 kept its tree, 13%
+# slower than its chain)
+CHAIN_AFTER = 4.0  # tree steps (decayed count) whose first children were seen before the chain is offered
+REALIZED_KEEP = 0.95  # memory of each shape's realized rate: about 20 drafted steps
 
 
 def seeds_speedup(alpha: float, k: int, phi: float) -> float:
@@ -289,6 +307,15 @@ class AutoBudget:
         self.nodes_per_depth = cap.max_nodes / max(cap.max_depth, 1)
         self.acceptance = AcceptanceModel(max(cap.max_depth, 1))
         self.draft_cost = DraftCost()  # measured drafting seconds per step, by depth
+        self.shaped = cap.max_nodes > cap.max_depth  # a tree drafter: its chain is a second shape (module docstring)
+        self.chain_acceptance = AcceptanceModel(max(cap.max_depth, 1))  # the tree's first children, and chains
+        self.chain_cost = DraftCost()  # drafting seconds of chain steps
+        self._realized = {False: [0.0, 0.0], True: [0.0, 0.0]}  # per shape: decayed committed tokens, seconds
+        self._drafted = 0  # drafted steps so far
+        self._observed_at: float | None = None  # when the last step was reported (this sequence)
+        self.clock = time.perf_counter  # wall time, for the shapes' realized rates (tests give a simulated one)
+        self._last = {False: 0, True: 0}  # the drafted step each shape last drafted
+        self._run_chain, self._run_left = False, 0  # the shape of the exploring run, and its steps left
         self.plain_s: float | None = None  # measured plain step seconds (EMA; the profile's until measured)
         self.scale: float | None = None  # measured verify time / the profile's, over every drafted step (EMA)
         self.correction: dict[int, float] = {}  # per profile size, on top of scale (EMA)
@@ -302,12 +329,35 @@ class AutoBudget:
         self.predicted: list[tuple[float, float]] = []  # (expected committed, expected seconds) per step
 
     def start(self, prompt_len: int) -> None:
-        self._lanes = 1
+        self._lanes, self._observed_at = 1, None
         if self.profile is None or context_bucket(prompt_len) != self.profile.context:
             self.profile = CostProfile.for_model(self.model, prompt_len, cache=self.cache_profile)
 
-    def nodes(self, depth: int) -> int:
-        return min(self.cap.max_nodes, max(depth, round(self.nodes_per_depth * depth)))
+    def nodes(self, depth: int, chain: bool = False) -> int:
+        return depth if chain else min(self.cap.max_nodes, max(depth, round(self.nodes_per_depth * depth)))
+
+    def shapes(self) -> list[bool]:
+        """The shapes to plan (chain?), the preferred first: the tree alone until its first children were seen;
+        then the shape whose drafted steps realized more committed tokens per second, except during a run of
+        EXPLORE_RUN steps of the other one, every CHAIN_EXPLORE drafted steps (the chain's first at once)."""
+        if not (self.shaped and self.chain_acceptance.reached[0].value >= CHAIN_AFTER):
+            return [False]
+        if self._run_left <= 0:
+            (tc, ts), (cc, cs) = self._realized[False], self._realized[True]
+            chain = cs > 0 and ts > 0 and cc / cs > tc / ts
+            if cs == 0 or self._drafted - self._last[not chain] >= CHAIN_EXPLORE:
+                self._run_chain, self._run_left = cs == 0 or not chain, EXPLORE_RUN
+            else:
+                return [chain, not chain]
+        return [self._run_chain, not self._run_chain]
+
+    def tables(self, chain: bool = False) -> tuple[list[float], list[int], list[float]]:
+        """Per depth 0..max of one shape: expected committed tokens, nodes, drafting seconds."""
+        reach = (self.chain_acceptance if chain else self.acceptance).reach()
+        depths = range(self.cap.max_depth + 1)
+        cost = self.chain_cost if chain and self.chain_cost.sums[0] else self.draft_cost
+        return ([1.0 + sum(reach[:d]) for d in depths], [self.nodes(d, chain) if d else 0 for d in depths],
+                [cost(d) for d in depths])
 
     def _bucket(self, nodes: int) -> int:
         return min(self.profile.sizes, key=lambda s: abs(s - nodes))
@@ -320,20 +370,22 @@ class AutoBudget:
             return self.plain_s if self.plain_s is not None else self.profile.plain_s * scale
         return self.profile.plain_s * self.profile.c(nodes) * scale * self.correction.get(self._bucket(nodes), 1.0)
 
-    def plan(self) -> tuple[int, list[float], list[float]]:
-        """(best depth, expected committed per depth, expected seconds per depth) for depths 0..max."""
-        reach = self.acceptance.reach()
-        depths = range(self.cap.max_depth + 1)
-        gains = [1.0 + sum(reach[:d]) for d in depths]
-        verify = [self.verify_time(self.nodes(d) if d else 0) for d in depths]
-        for d in depths[1:]:  # a bigger tree never verifies faster: per-size corrections carry noise
-            verify[d] = max(verify[d], verify[d - 1])
-        times = [v + self.draft_cost(d) for d, v in zip(depths, verify)]
-        best = max(range(len(gains)), key=lambda d: gains[d] / times[d])
-        return best, gains, times
+    def plan(self, chain: bool | None = None) -> tuple[int, bool, list[float], list[float]]:
+        """(best depth, its shape (chain?), expected committed per depth, expected seconds per depth) for depths
+        0..max: of the preferred shape (`shapes`), or of the other when the preferred one would not draft."""
+        for shape in self.shapes() if chain is None else [chain]:
+            gains, nodes, draft = self.tables(shape)
+            verify = [self.verify_time(n) for n in nodes]
+            for d in range(1, len(verify)):  # a bigger tree never verifies faster: per-size corrections carry noise
+                verify[d] = max(verify[d], verify[d - 1])
+            times = [v + c for v, c in zip(verify, draft)]
+            best = max(range(len(gains)), key=lambda d: gains[d] / times[d])
+            if best:
+                break
+        return best, shape, gains, times
 
     def budget(self, context_len: int) -> Budget:
-        best, gains, times = self.plan()
+        best, chain, gains, times = self.plan()
         if best and self._lanes == 1 and \
                 self._drafted_run >= (PLAIN_FIRST if self.plain_s is None else PLAIN_EVERY):
             self._drafted_run, self._probe_wait = 0, self.probe_every
@@ -342,16 +394,16 @@ class AutoBudget:
         # the step to the next depth (at the cap: the step to this one; an average per depth would count the
         # plain step's own cost and cut every tree down to its first level)
         below, above = (best - 1, best) if best == len(times) - 1 else (best, best + 1)
-        return self.choose(best, times[above] - times[below], gains[best] / times[best], gains, times)
+        return self.choose(best, times[above] - times[below], gains[best] / times[best], gains, times, chain=chain)
 
     def choose(self, depth: int, marginal_s: float, rate: float, gains: list[float], times: list[float],
-               lanes: int = 1) -> Budget:
+               lanes: int = 1, chain: bool = False) -> Budget:
         """The budget for a chosen depth (also a batch planner's choice, verify/batch_plan.py). depth 0: idle,
         or the periodic probe; marginal_s: seconds one more level would cost; rate: committed tokens per second
         at the choice; gains / times: expected committed tokens and seconds per depth, for reports; lanes: the
         sequences of the batch (idle lanes wait up to `lanes` times longer between probes, so that a batch
         probes about as often as one sequence: at batch 8 the idle lanes' probes, each with its catch-up,
-        cost DFlash 13% of plain batched decoding)."""
+        cost DFlash 13% of plain batched decoding); chain: the tree drafter's chain shape, one node per level."""
         if depth == 0:
             self._idle += 1
             if self._idle < min(self._probe_wait, PROBE_WAIT_MAX * lanes):  # a batch's wait ends with the batch
@@ -364,7 +416,7 @@ class AutoBudget:
             return self._give(Budget(1, min(self.nodes(1), PROBE_NODES)), gains[1], times[1])
         self._probe_wait = self.probe_every
         floor = min(0.5, max(0.0, marginal_s) * rate)
-        return self._give(Budget(depth, self.nodes(depth), min_path_prob=floor), gains[depth], times[depth])
+        return self._give(Budget(depth, self.nodes(depth, chain), min_path_prob=floor), gains[depth], times[depth])
 
     def _give(self, budget: Budget, committed: float, seconds: float) -> Budget:
         """Record the budget given and what the model expects of it (for reports), and return it."""
@@ -373,6 +425,8 @@ class AutoBudget:
         return budget
 
     def observe(self, step: StepStats, context_len: int) -> None:
+        now, since = self.clock(), self._observed_at
+        self._observed_at = now
         if step.prefill:  # the prompt's forward says nothing about a decoding step's cost
             return
         self._lanes = max(self._lanes, step.lanes)
@@ -383,13 +437,33 @@ class AutoBudget:
                 self.plain_s = step.verify_s if self.plain_s is None else 0.9 * self.plain_s + 0.1 * step.verify_s
             return
         self._drafted_run += 1
-        self.acceptance.observe(step.depth, step.accepted)
+        chain = self.shaped and 0 < step.budget_depth == step.budget_nodes  # the tree drafter's chain shape
+        if not probing:  # a probe (after idle steps, one level) realizes nothing a steady step would
+            self._drafted += 1
+            self._last[chain] = self._drafted
+            if self._run_left > 0 and chain == self._run_chain:
+                self._run_left -= 1
+            # the whole step, from the last one's report to this one's: a shape that commits fewer tokens a step
+            # also pays the loop's own time per step more often (its steps' draft + verify time alone put EAGLE's
+            # greedy chain level with its tree, while the chain ran 2% slower)
+            seconds = now - since if since is not None else step.draft_s + step.verify_s
+            done = self._realized[chain]
+            done[0] = done[0] * REALIZED_KEEP + step.committed
+            done[1] = done[1] * REALIZED_KEEP + seconds
+        if chain:
+            self.chain_acceptance.observe(step.depth, step.accepted)
+            self.chain_cost.observe(step.depth, step.draft_s)
+        else:
+            self.acceptance.observe(step.depth, step.accepted)
+            if self.shaped:  # what the tree's chain would have passed: the accepted path's first children
+                self.chain_acceptance.observe(step.depth, step.first_accepted)
         # a probe's drafting also catches up on every token of the idle steps before it (EAGLE runs them through
         # its draft in one forward), which a drafter drafting every step never pays: it bounds a steady step's
         # cost from above, so it may lower the fit but not raise it. Taken as is, a probe after 16 idle steps
         # confirmed that drafting was dear, and a hybrid that had idled once idled a whole sequence
         expected = self.draft_cost(step.depth)
-        self.draft_cost.observe(step.depth, min(step.draft_s, expected) if probing and expected else step.draft_s)
+        if not chain:
+            self.draft_cost.observe(step.depth, min(step.draft_s, expected) if probing and expected else step.draft_s)
         # the measured verify time rescales the whole curve, and refines it near this size
         ratio = step.verify_s / (self.profile.plain_s * self.profile.c(step.drafted))
         self.scale = ratio if self.scale is None else 0.8 * self.scale + 0.2 * ratio

@@ -288,7 +288,8 @@ def generate_packed(model, prompts, drafters, max_new_tokens: int = 64, sampling
                                             verify_s * (m + len(tree)) / step.q, budget_depth=given.max_depth,
                                             budget_nodes=given.max_nodes,
                                             rejected=bool(tree.children[acc[-1] + 1 if acc else 0]),
-                                            lanes=len(live), forced=len(forced)))
+                                            lanes=len(live), forced=len(forced),
+                                            first_accepted=tree.first_children(acc)))
             if check is not None:
                 ln.stats.steps[-1].drafted, ln.stats.steps[-1].pruned = len(trees[i]), check.pruned
             ln.position += m + len(acc)

@@ -27,6 +27,8 @@ class StepStats:
     lanes: int = 1  # sequences verified in the same forward (verify_s is this one's share of it)
     pruned: int = 0  # draft nodes a grammar forbade, dropped before the forward (not in `drafted`)
     forced: int = 0  # tokens a grammar forced after the bonus, committed without a forward (in `committed`)
+    first_accepted: int = 0  # accepted nodes from the root while each was its parent's first child: what the
+    # tree's chain would have accepted
 
 
 @dataclass
