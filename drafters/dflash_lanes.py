@@ -5,7 +5,8 @@ Alone, each lane runs its own block forward (drafters/dflash.py) one after anoth
 the draft four times (DFlash: 1.09x of plain batched decoding at tau 2.15, against 1.57x for one sequence).
 Together, the lanes' contexts are the rows of one ContextCache and one forward runs every lane's block:
 
-    row r:   context [ lane r's committed entries | this step's new entries (k_r) | padding ]  block [ root_r, mask, ... ]
+    row r:   context [ lane r's committed entries | this step's new entries (k_r) | padding ]
+             block   [ root_r, mask, ..., mask ]
     feats:   (L, k, nH), k = the most new entries any lane brings; a row's padding past k_r is never stored
     mask:    (L, 1, 1, C + B): row r's block sees its own context (C = the longest row) and its whole block;
              None when every row's context has the same length (one sequence)

@@ -1,5 +1,6 @@
 """The drafters of a batch's lanes drafting together (drafters/lanes.py: EAGLE, P-EAGLE and standalone;
-drafters/dflash_lanes.py: DFlash): the same trees and draft caches as alone, lossless batches, and each drafter back on its own after its batch."""
+drafters/dflash_lanes.py: DFlash): the same trees and draft caches as alone, lossless batches, and each drafter
+back on its own after its batch."""
 import pytest
 import torch
 
@@ -21,8 +22,8 @@ torch.set_num_threads(1)
 
 PROMPTS = [torch.tensor([5]), torch.tensor([3, 17, 42, 8, 8, 61, 0, 9]), torch.arange(20) % 7 + 30,
            torch.tensor([11, 2, 2, 40])]
-KINDS = ["eagle-tree", "eagle-chain", "eagle3-tree", "standalone-tree", "standalone-chain", "dflash-tree", "dflash-chain",
-         "peagle-tree", "peagle-chain"]
+KINDS = ["eagle-tree", "eagle-chain", "eagle3-tree", "standalone-tree", "standalone-chain", "dflash-tree",
+         "dflash-chain", "peagle-tree", "peagle-chain"]
 
 
 @pytest.fixture(scope="module")
@@ -116,8 +117,8 @@ def cached_keys(cache, row: int) -> torch.Tensor:
 @pytest.mark.parametrize("budget", ["fixed", "auto"])
 @pytest.mark.parametrize("kind", ["eagle-tree", "eagle-chain", "standalone-tree", "dflash-tree", "peagle-tree"])
 def test_batched_lanes_decode_what_plain_batches_decode(budget, kind):
-    """Oracle drafts (accepted deep; DFlash and P-EAGLE: random ones): every batch's output is plain batched decoding's, at
-    lengths that end mid-draft."""
+    """Oracle drafts (accepted deep; DFlash and P-EAGLE: random ones): every batch's output is plain batched
+    decoding's, at lengths that end mid-draft."""
     target = tiny_target(layers=4 if kind.startswith("peagle") else 1, seed=3, logit_scale=20.0)
     draft = {"standalone": target}.get(kind.split("-")[0]) if not kind.startswith("eagle") else oracle_draft(target)
     drafters = lanes_of(kind, target, len(PROMPTS), draft=draft, max_depth=5, max_nodes=16)
@@ -126,7 +127,8 @@ def test_batched_lanes_decode_what_plain_batches_decode(budget, kind):
         plain = generate_packed(target, PROMPTS, [NoDrafter() for _ in PROMPTS], n, eos_token_id=[], logprobs=False)
         out = generate_packed(target, PROMPTS, drafters, n, eos_token_id=[], budget=budget, logprobs=False)
         assert [o.tokens.tolist() for o in out.outputs] == [o.tokens.tolist() for o in plain.outputs]
-    if budget == "fixed" and kind.split("-")[0] in ("eagle", "standalone"):  # the controller may find drafting does not pay here
+    # the controller may find drafting does not pay for a model this small; random drafts seldom pass
+    if budget == "fixed" and kind.split("-")[0] in ("eagle", "standalone"):
         assert any(s.accepted >= 2 for o in out.outputs for s in o.stats.decode_steps)
 
 

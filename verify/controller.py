@@ -36,9 +36,9 @@ drafts; its drafting time on chain steps. Which shape a step drafts is decided b
 steps realized (committed tokens per second, decayed), not by the model: the model's two predictions share
 its errors and sit within a few percent of each other, and chosen by them EAGLE drafted chains under greedy
 decoding 3.5% slower than its tree. The other shape drafts a run of EXPLORE_RUN steps every CHAIN_EXPLORE
-drafted steps, so both stay measured; the depth is the model's, within the shape. Under sampling a tree's later siblings seldom pass
-(EAGLE on code at T = 0.8: the chain 13% faster than the tree), and in a batch every node is a row of a
-forward that is already many rows.
+drafted steps, so both stay measured; the depth is the model's, within the shape. Under sampling a tree's
+later siblings seldom pass (EAGLE on code at T = 0.8: the chain 13% faster than the tree), and in a batch
+every node is a row of a forward that is already many rows (the batch planner offers both shapes).
 
 When D* = 0 the drafter idles, and every `probe_every` plain steps (doubling up to 16 while probes
 keep losing) it drafts one level of at most two nodes to re-measure, so a method that starts paying on
