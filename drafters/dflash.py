@@ -141,6 +141,10 @@ class ContextCache:
             self.lengths, self._counts, self._scatter = after, None, None
         return self.k[layer][:, :, :width], self.v[layer][:, :, :width]
 
+    def nbytes(self) -> int:
+        """Bytes this cache holds (allocated, not only used)."""
+        return sum(t.numel() * t.element_size() for t in self.k + self.v if t is not None)
+
     def _ragged(self, counts: list[int], device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         rows = [r for r, c in enumerate(counts) for _ in range(c)]
         src = [i for c in counts for i in range(c)]

@@ -96,6 +96,7 @@ def test_context_cache_grows_without_losing_entries():
     for a, b in ((0, 3), (3, 70), (70, 100)):
         full_k, _ = cache.append(0, k[:, :, a:b], k[:, :, a:b])
     torch.testing.assert_close(full_k, k)
+    assert cache.nbytes() == 2 * cache.k[0].numel() * 4 >= 2 * k.numel() * 4  # keys and values, fp32, grown
 
 
 def test_max_depth_beyond_the_block_is_an_error(target):

@@ -33,7 +33,6 @@ from draftkit.verify.accept import Sampling, drafter_generator, verifier_generat
 from draftkit.verify.batch_plan import BatchPlanner
 from draftkit.verify.budget import make_policy
 from draftkit.verify.constraints import make_constraint
-from draftkit.verify.cache import KVBuffer
 from draftkit.verify.contract import Budget, DecodeState, DraftTree, StepResult, lane_groups
 from draftkit.verify.decode import GenerationOutput, as_prompt, check_room, eos_set, finish
 from draftkit.verify.forward import Verifier, bucket, static_verifier
@@ -308,8 +307,8 @@ def generate_packed(model, prompts, drafters, max_new_tokens: int = 64, sampling
         seq = ln.buf[:len(ln.tokens)].clone()
         outs.append(GenerationOutput(seq[ln.prompt.numel():], seq, ln.stats, lossless=sampling.lossless))
     committed = ver.kv.lengths[0]
-    caches = {id(d.cache): d.cache for d in drafters if isinstance(getattr(d, "cache", None), KVBuffer)}
-    draft_kv = sum(c.nbytes() for c in caches.values())  # a group's lanes share one buffer
+    caches = {id(d.cache): d.cache for d in drafters if hasattr(getattr(d, "cache", None), "nbytes")}
+    draft_kv = sum(c.nbytes() for c in caches.values())  # a group's lanes share one buffer (KV or DFlash context)
     buffers = ver.masks.nbytes() + ver.peak_logits_bytes
     logps = [[float(x) for x in sync.to_host(torch.cat(ln.logp))] if ln.logp else [] for ln in lanes]
     return PackedOutput(outs, logps, committed, ver.peak_entries, ver.kv.nbytes(), ver.kv.used_bytes(), draft_kv,
