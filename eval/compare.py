@@ -263,7 +263,7 @@ def verify_curve(target, context: int, profiled: set[int]):
     """c(n) of the target at this context, or None for a model the profile cannot time (the predicted-speedup
     column is then left empty). Measured afresh once per context bucket and run (`profiled` remembers which)
     and saved, so the controller plans with the machine as it is now, not as it was when a profile was saved."""
-    from draftkit.verify.controller import CostProfile, context_bucket
+    from draftkit.verify.cost_profile import CostProfile, context_bucket
 
     bucket = context_bucket(context)
     try:

@@ -9,7 +9,8 @@ N grows with D in the ratio of its cap, max_nodes / max_depth):
 
 r_d is the drafter's measured chance to pass depth d given it reached depth d - 1 (decayed
 counts, so the estimate follows the text); c(n) is the verify cost curve of the target on
-this machine (`CostProfile`, measured once per machine + model + context bucket and saved);
+this machine (`CostProfile`, verify/cost_profile.py: measured once per machine + model + context bucket
+and saved);
 the drafting time a + b * D is fitted to the drafter's measured steps. The controller picks
 D* = argmax E(D) / T(D). Sequoia and SmartSpec choose budgets from measured costs the same
 way; with a flat c(n) this is the seeds' S(alpha, K, phi) (see `seeds_best_k`).
@@ -48,22 +49,14 @@ below what one more depth costs.
 """
 from __future__ import annotations
 
-import hashlib
-import json
-import os
-import platform
 import statistics
 import time
-from dataclasses import asdict, dataclass, field
-from pathlib import Path
-
-import torch
+from dataclasses import dataclass, field
 
 from draftkit.verify.contract import Budget
+from draftkit.verify.cost_profile import CostProfile, context_bucket
 from draftkit.verify.stats import StepStats
 
-PROFILE_SIZES = (1, 2, 4, 8, 16, 32, 64)
-PROFILE_TTL_S = 24 * 3600
 PROBE_WAIT_MAX = 16  # plain steps between probes at most, while probes keep losing
 PROBE_NODES = 2  # nodes of a probe: level 1, the best two candidates
 PLAIN_FIRST = 4  # drafted steps before the first plain step is measured
@@ -91,114 +84,6 @@ def seeds_best_k(alpha: float, phi: float, max_k: int = 64) -> tuple[int, float]
 
 
 # ----------------------------------------------------------------------------- cost profile
-
-
-def _cache_dir() -> Path:
-    return Path(os.environ.get("DRAFTKIT_CACHE", Path.home() / ".cache" / "draftkit")) / "cost"
-
-
-def machine_key(device=None) -> str:
-    device = torch.device(device or "cpu")
-    dev = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or platform.machine()
-    return f"{dev}|{os.cpu_count()}cpu|{torch.get_num_threads()}threads|torch{torch.__version__}"
-
-
-def model_key(model) -> str:
-    params = sum(p.numel() for p in model.parameters())
-    name = str(getattr(model.config, "_name_or_path", "") or type(model).__name__)
-    return f"{name}|{params}|{model.dtype}|{model.device}"
-
-
-def context_bucket(n: int) -> int:
-    """Contexts are profiled at powers of two (128, 256, 512, ...)."""
-    return max(128, 1 << max(0, (n - 1)).bit_length())
-
-
-@dataclass
-class CostProfile:
-    """Verify cost of the target on this machine at one context length.
-
-    plain_s: seconds of one plain decoding step (one token on top of the cache);
-    sizes / ratios: c(n) = seconds of a forward over [root] + n draft nodes / plain_s.
-    """
-
-    plain_s: float
-    sizes: list[int]
-    ratios: list[float]
-    context: int = 0
-    key: str = ""
-    measured_at: float = 0.0  # unix time; profiles older than PROFILE_TTL_S are measured again
-
-    def c(self, n: float) -> float:
-        """c(n), linear between measured sizes and beyond the last two; c(0) = 1."""
-        if n <= 0:
-            return 1.0
-        xs, ys = [0, *self.sizes], [1.0, *self.ratios]
-        for (x0, y0), (x1, y1) in zip(zip(xs, ys), zip(xs[1:], ys[1:])):
-            if n <= x1:
-                return y0 + (y1 - y0) * (n - x0) / (x1 - x0)
-        (x0, y0), (x1, y1) = (xs[-2], ys[-2]), (xs[-1], ys[-1])
-        return y1 + (y1 - y0) * (n - x1) / (x1 - x0)
-
-    @classmethod
-    @torch.no_grad()
-    def measure(cls, model, context: int, sizes=PROFILE_SIZES, reps: int = 5) -> "CostProfile":
-        """A few forwards at `context` tokens: the median of `reps` timings per tree size."""
-        from draftkit.verify.contract import DraftTree
-        from draftkit.verify.forward import Verifier, probe_tree_attention
-        from draftkit.verify.timing import clock_for
-
-        ver = Verifier(model, capacity=context + max(sizes) + 2)
-        vocab = ver.vocab_size
-        ids = torch.randint(0, vocab, (context,), generator=torch.Generator().manual_seed(0)).to(model.device)
-        ver.forward(ids, DraftTree.empty(model.device).validate())
-        ver.commit(context, [])
-        root = ids[-1:]
-
-        trees = [DraftTree.empty(model.device).validate()]
-        branched = probe_tree_attention(model)  # a model limited to chains is measured on chains
-        for n in sizes:  # bushy trees, 4 children per node, like the methods' trees
-            parents = [-1 if i < 4 else (i - 4) // 4 for i in range(n)] if branched else list(range(-1, n - 1))
-            tokens = torch.randint(0, vocab, (n,), generator=torch.Generator().manual_seed(n)).tolist()
-            trees.append(DraftTree.from_lists(tokens, parents, model.device).validate())
-        times = [[] for _ in trees]
-        clock = clock_for(model)  # waits for the model's own device before each reading
-        for rep in range(reps + 1):  # interleaved, so drifts of the machine hit every size alike
-            for i, tree in enumerate(trees):
-                t0 = clock.now()
-                ver.forward(root, tree)
-                if rep:  # the first round warms up
-                    times[i].append(clock.now() - t0)
-                ver.kv.drop_pending()  # the same context every time
-        plain, *rest = (min(t) for t in times)  # other processes only ever add time: the minimum is the cost
-        ratios = [max(1.0, t / plain) for t in rest]
-        # a longer tree never costs less: keep the curve monotone against timing noise
-        for i in range(1, len(ratios)):
-            ratios[i] = max(ratios[i], ratios[i - 1])
-        return cls(plain, list(sizes), ratios, context)
-
-    @classmethod
-    def for_model(cls, model, context: int, cache: bool = True, refresh: bool = False) -> "CostProfile":
-        """The saved profile for this machine + model + context bucket, measured and saved if absent
-        (or when `refresh`: a benchmark about to start)."""
-        bucket = context_bucket(context)
-        key = f"{machine_key(model.device)}|{model_key(model)}|ctx{bucket}"
-        path = _cache_dir() / (hashlib.sha256(key.encode()).hexdigest()[:20] + ".json")
-        if cache and path.exists() and not refresh:
-            try:
-                prof = cls(**json.loads(path.read_text()))
-                if time.time() - prof.measured_at < PROFILE_TTL_S:
-                    return prof
-            except (ValueError, TypeError):
-                pass  # a damaged file: measure again
-        prof = cls.measure(model, bucket)
-        prof.key, prof.measured_at = key, time.time()
-        if cache:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_suffix(".tmp")
-            tmp.write_text(json.dumps(asdict(prof)))
-            tmp.replace(path)  # never a half-written profile
-        return prof
 
 
 # ----------------------------------------------------------------------------- controller
