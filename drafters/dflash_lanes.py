@@ -20,6 +20,7 @@ from __future__ import annotations
 import torch
 
 from draftkit.drafters.dflash import ContextCache
+from draftkit.drafters.lanes import joined
 from draftkit.drafters.tree_search import draft_from_depths
 from draftkit.verify.contract import DecodeState, DraftTree
 
@@ -63,7 +64,7 @@ class DFlashLanes:
         feats = {}
         for r in rows:
             d = self.drafters[r]
-            feats[r], d.todo = torch.cat(d.todo), []
+            feats[r], d.todo = joined(d.todo), []
             root = states[r].tokens.numel() - 1  # the context ends right before the root
             if self.cache.lengths[r] + feats[r].shape[0] != root:
                 raise RuntimeError(f"DFlash context out of step: {self.cache.lengths[r] + feats[r].shape[0]} "

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from draftkit.drafters.lanes import DraftLanes, compatible
+from draftkit.drafters.lanes import DraftLanes, compatible, joined
 from draftkit.drafters.tree_search import draft_from_depths
 from draftkit.verify.contract import DecodeState, DraftTree
 from draftkit.verify.forward import run_model
@@ -44,8 +44,8 @@ class EagleLanes(DraftLanes):
         for r in rows:
             d = self.drafters[r]
             pairs = d.todo + ([extra[r]] if r in extra else [])
-            feats[r] = torch.cat([f.to(self.dtype) for f, _ in pairs])  # (k_r + m_r, nH)
-            nxt[r] = torch.cat([x for _, x in pairs])
+            feats[r] = joined([f.to(self.dtype) for f, _ in pairs])  # (k_r + m_r, nH)
+            nxt[r] = joined([x for _, x in pairs])
             k[r] = sum(x.numel() for _, x in d.todo)
         q = max(x.numel() for x in nxt.values())
         causal = None if len(self.drafters) == 1 else torch.ones(q, q, dtype=torch.bool, device=self.device).tril()

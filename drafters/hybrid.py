@@ -180,32 +180,34 @@ class HybridDrafter:
     def _shares(self, asked: list[Member], budget: Budget, greedy: bool) -> dict[str, int]:
         """Nodes each asked member may propose. Greedy: the whole budget (the merged tree is cut by score).
         Sampling: shares fixed before drafting, node by node to the member whose next node adds the most
-        expected accepted tokens (`_node_value`); a member on probe gets one node first. Shares in proportion to
+        expected accepted tokens (`_node_values`); a member on probe gets one node first. Shares in proportion to
         the members' gains gave a member accepted 4% of the time a node of every step, taken from the chain of
         one accepted 70% of the time (suffix beside EAGLE on code at T = 0.8)."""
         if greedy:
             return {m.name: budget.max_nodes for m in asked}
         out = {m.name: int(m.probe) for m in asked}
         cap = {m.name: getattr(getattr(m.drafter, "budget_cap", None), "max_nodes", budget.max_nodes) for m in asked}
+        value = {m.name: self._node_values(m, min(cap[m.name], budget.max_nodes), budget.max_depth) for m in asked}
         for _ in range(budget.max_nodes - sum(out.values())):
-            room = [m for m in asked if out[m.name] < cap[m.name]]
+            room = [m for m in asked if out[m.name] < len(value[m.name])]
             if not room:
                 break
-            best = max(room, key=lambda m: self._node_value(m, out[m.name] + 1, budget.max_depth))
+            best = max(room, key=lambda m: value[m.name][out[m.name]])  # the value of its next node
             out[best.name] += 1
         return out
 
-    def _node_value(self, m: Member, k: int, depth: int) -> float:
-        """Expected accepted tokens that member m's k-th node adds: the chance its first-ranked chain reaches
-        level k (k <= depth); past the depth, a further sibling at level 1 (tried when the first-ranked draw
-        failed)."""
-        i, cal = self.members.index(m), self.calibration
-        if k <= depth:
-            reach = 1.0
-            for d in range(1, k + 1):
-                reach *= cal.chance(i, d, 0)
-            return reach
-        return (1.0 - cal.chance(i, 1, 0)) * cal.chance(i, 1, k - depth)
+    def _node_values(self, m: Member, n: int, depth: int) -> list[float]:
+        """Expected accepted tokens that each of member m's first n nodes adds: the chance its first-ranked chain
+        reaches level k (k <= depth); past the depth, a further sibling at level 1 (tried when the first-ranked
+        draw failed)."""
+        i, cal, out, reach = self.members.index(m), self.calibration, [], 1.0
+        for k in range(1, n + 1):
+            if k <= depth:
+                reach *= cal.chance(i, k, 0)
+                out.append(reach)
+            else:
+                out.append((1.0 - cal.chance(i, 1, 0)) * cal.chance(i, 1, k - depth))
+        return out
 
     def propose(self, state: DecodeState) -> DraftTree:
         budget = state.budget

@@ -147,6 +147,11 @@ class DraftLanes:
         return out
 
 
+def joined(parts: list[torch.Tensor]) -> torch.Tensor:
+    """torch.cat of the parts, without the copy when there is one part (a lane's usual step)."""
+    return parts[0] if len(parts) == 1 else torch.cat(parts)
+
+
 def compatible(drafters: list, model_attr: str) -> bool:
     """Drafters of one draft model (`model_attr` names it) and the same search settings."""
     first = drafters[0]
