@@ -278,7 +278,8 @@ def test_suffix_and_eagle_at_temperature_08_follow_the_target():
 def test_sampled_shares_go_to_the_member_whose_next_node_adds_most():
     """Under sampling the node budget is split before drafting: a member accepted 5% of the time gets no node
     of a 4-level chain whose other member passes 70% a level (0.7^4 = 0.24 > 0.05); a member on probe gets one;
-    past the depth the further nodes are level-1 siblings of the member that fails there more often."""
+    past the depth the further nodes are level-1 siblings of the member that fails there more often, except in a
+    chain step (one node per level), where each member drafts a chain within its own cap."""
     hybrid = HybridDrafter([("a", SuffixDrafter()), ("b", SuffixDrafter())], max_depth=4, max_nodes=8)
     cal = hybrid.calibration
     for d in range(4):  # first-ranked draws: a passes 70 of 100 at every level, b 5 of 100
@@ -292,3 +293,7 @@ def test_sampled_shares_go_to_the_member_whose_next_node_adds_most():
     assert hybrid._shares([a, b], Budget(4, 4), greedy=True) == {"a": 4, "b": 4}
     shares = hybrid._shares([a, b], Budget(4, 8), greedy=False)
     assert shares["a"] + shares["b"] == 8 and shares["a"] >= 4
+    a.drafter.budget_cap = Budget(2, 8)  # in a chain step a member drafts its own chain: no siblings past its cap
+    assert hybrid._shares([a, b], Budget(4, 4), greedy=False)["a"] == 2
+    assert hybrid._shares([a, b], Budget(4, 4), greedy=True) == {"a": 2, "b": 4}
+    assert hybrid._shares([a, b], Budget(4, 8), greedy=True) == {"a": 8, "b": 8}
