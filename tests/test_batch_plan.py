@@ -176,3 +176,19 @@ def test_lanes_whose_siblings_never_pass_draft_their_chains():
     for policy in policies:  # with the chain not yet measured, the same lanes draft trees (or nothing)
         policy.chain_acceptance = AcceptanceModel(4)
     assert all(b.max_nodes > b.max_depth or b.max_depth == 0 for b in plan(policies))
+
+
+def test_rows_layout_prices_a_step_by_its_widest_lane():
+    """In the rows layout (a KV row per lane) a step costs f(lanes * width): a lane's nodes are free up to the
+    widest lane's rows. A lane that passes 90% a level drafts its cap; one that passes 30% gets nodes only because
+    the other lane widened the step anyway, and the plan's rate is the best over every width."""
+    profile = curve(0.01, lambda n: 1.0 + 0.1 * n)
+    policies = [lane(profile, 0.9, cap=Budget(4, 4)), lane(profile, 0.3, cap=Budget(4, 4))]
+    planner = BatchPlanner(policies, rows=True)
+    budgets = plan(policies, planner=planner)
+    assert [b.max_depth for b in budgets] == [4, 4]
+    models = planner.lane_models(policies, [64] * 2, [1.0] * 2)
+    best, rate, width = planner.plan_rows(models, [1, 1])
+    assert width == 5 and rate >= max(planner.rate_rows(models, [a, b], [1, 1]) for a in range(5) for b in range(5))
+    packed = plan(policies, planner=BatchPlanner(policies))  # packed: every node is a row of its own
+    assert packed[1].max_depth < 4

@@ -27,6 +27,11 @@ The plan maximizes sum_i w_i E_i / T (Dinkelbach): for a throughput guess lam, e
 w_i E_i(D) - lam * (f'(q) N_i(D) + draft_i(D)), with f linearized at the previous guess's q; lam <- the
 objective of that choice. The best choice of a few rounds, all-plain included, is kept, so the plan is never
 worse than plain decoding by its own model.
+
+In the rows layout (a KV row per lane, verify/forward.py) the forward is a (L, width) batch: it costs
+f(L * width), width = max_i (pending_i + N_i), and a lane's nodes are free up to the widest lane's rows. The plan
+then tries every width: at each, every lane takes its best option that fits (the option maximizing
+w_i E_i - lam * draft_i, lam the best rate so far), and the width of the best rate wins.
 """
 from __future__ import annotations
 
@@ -40,16 +45,16 @@ MIN_FIT_STEPS = 4  # steps (decayed count) before the fitted line replaces the s
 class BatchPlanner:
     """One per packed decoding; `budgets` before each step, `observe` after it."""
 
-    def __init__(self, policies: list[AutoBudget]):
-        self.policies = policies
+    def __init__(self, policies: list[AutoBudget], rows: bool = False):
+        self.policies, self.rows = policies, rows  # rows: the forward pads every lane to the widest (module notes)
         self.line = DecayedLine(keep=0.9)  # forward seconds against rows, this run's steps
         self.scale: float | None = None  # measured / profiled forward seconds of this run's steps (EMA)
 
     @classmethod
-    def over(cls, policies) -> "BatchPlanner | None":
+    def over(cls, policies, rows: bool = False) -> "BatchPlanner | None":
         """A planner when every lane runs the cost-aware controller and there is more than one lane."""
         if len(policies) > 1 and all(isinstance(p, AutoBudget) for p in policies):
-            return cls(list(policies))
+            return cls(list(policies), rows)
         return None
 
     # ------------------------------------------------------------------ the forward's cost
@@ -79,17 +84,24 @@ class BatchPlanner:
         its tree (the bonus and forced tokens); remaining: tokens each may still commit; per_step: tokens
         each committed per step so far (1.0 before its first step). A lane planned plain may still probe."""
         lanes = self.lane_models(policies, remaining, per_step)
-        base_q = sum(pending)
-        best, rate = self.plan(lanes, base_q)
-        q = base_q + sum(ln.nodes[d] for ln, d in zip(lanes, best))
+        if self.rows:
+            best, rate, width = self.plan_rows(lanes, pending)
+            q = len(lanes) * width
+        else:
+            best, rate = self.plan(lanes, sum(pending))
+            q = sum(pending) + sum(ln.nodes[d] for ln, d in zip(lanes, best))
         slope, step_s = self._slope(q, len(lanes)), self.forward_s(q)
         out = []
-        for ln, o in zip(lanes, best):
+        for ln, o, m in zip(lanes, best, pending):
             d, chain = ln.options[o]
             gains, nodes, draft = ln.tables[chain]
             below, above = (d, d + 1) if d < ln.top else (max(d - 1, 0), d)  # at the top: the step to it
-            marginal = slope * (nodes[above] - nodes[below]) + draft[above] - draft[below]
-            share = step_s * (1 + nodes[d]) / q + draft[d]  # the lane's part of the step, for reports
+            extra = nodes[above] - nodes[below]
+            if self.rows:  # rows up to the widest lane's are free; past it, every lane's row widens
+                extra = len(lanes) * max(0, m + nodes[above] - max(width, m + nodes[below]))
+            marginal = slope * extra + draft[above] - draft[below]
+            share = step_s * (m + nodes[d]) / (q if not self.rows else sum(pending) + sum(
+                lm.nodes[b] for lm, b in zip(lanes, best))) + draft[d]  # the lane's part of the step, for reports
             times = [share] * len(gains)
             # a path of this lane is worth a level if its chance, weighted, beats what the level costs
             out.append(ln.policy.choose(d, marginal, rate / max(ln.weight, 1e-3), gains, times, len(lanes), chain))
@@ -118,6 +130,27 @@ class BatchPlanner:
             lam = rate
         return best, best_rate
 
+    def plan_rows(self, lanes: list["_LaneModel"], pending: list[int]) -> tuple[list[int], float, int]:
+        """The rows layout's plan (module notes): (each lane's option, the rate, the width)."""
+        plain = [0] * len(lanes)
+        best, best_rate, best_width = plain, self.rate_rows(lanes, plain, pending), max(pending)
+        widest = max(m + max(ln.nodes) for ln, m in zip(lanes, pending))
+        for _ in range(2):  # the lanes' choices within a width depend on lam, the best rate so far
+            lam = best_rate
+            fits = [ln.best_within(lam, widest - m) for ln, m in zip(lanes, pending)]
+            for width in range(max(pending) + 1, widest + 1):
+                options = [fit[width - m] for fit, m in zip(fits, pending)]
+                rate = self.rate_rows(lanes, options, pending)
+                if rate > best_rate:
+                    best, best_rate, best_width = options, rate, width
+        return best, best_rate, max(m + ln.nodes[o] for ln, o, m in zip(lanes, best, pending))
+
+    def rate_rows(self, lanes: list["_LaneModel"], options: list[int], pending: list[int]) -> float:
+        """The objective in the rows layout: the forward over every lane padded to the widest."""
+        width = max(m + ln.nodes[o] for ln, o, m in zip(lanes, options, pending))
+        seconds = self.forward_s(len(lanes) * width) + sum(ln.draft[o] for ln, o in zip(lanes, options))
+        return sum(ln.weight * ln.gains[o] for ln, o in zip(lanes, options)) / seconds
+
     def _slope(self, q: int, lanes: int) -> float:
         """f'(q): seconds per row near q (over a lane's worth of rows: the curve is measured at coarse sizes)."""
         step = max(lanes, 4)
@@ -143,6 +176,17 @@ class _LaneModel:
         self.gains = [self.tables[chain][0][d] for d, chain in self.options]
         self.nodes = [self.tables[chain][1][d] for d, chain in self.options]
         self.draft = [self.tables[chain][2][d] for d, chain in self.options]
+
+    def best_within(self, lam: float, most: int) -> list[int]:
+        """For k = 0..most nodes at most: the option maximizing gains - lam * drafting among those of <= k nodes."""
+        value = [self.weight * g - lam * c for g, c in zip(self.gains, self.draft)]
+        out, best = [], 0
+        for k in range(most + 1):
+            for o, n in enumerate(self.nodes):
+                if n == k and value[o] > value[best]:
+                    best = o
+            out.append(best)
+        return out
 
     def best(self, lam: float, slope: float) -> int:
         """The option maximizing gains - lam * (the forward's cost of its nodes + its drafting)."""

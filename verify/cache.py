@@ -18,6 +18,10 @@ the attention mask hides it (verify/tree.py).
 It is a transformers `Cache`, so any causal LM writes into it through its own
 attention layers (`model(..., cache=kv)`).
 
+A window of rows (`window = (first, count)`): a forward of `count` sequences runs over those rows only
+and sees only them (the verifier's rows layout, verify/forward.py: one row per lane, the lanes still
+decoding kept in the first rows, and a lane's prompt written into its row alone).
+
 Static shapes (`static=True`, the verifier's compiled forward): a forward writes its
 q new entries at the device positions `write_pos` (one `index_copy_` per layer, as
 transformers' StaticCache and gpt-fast do) and every layer returns the WHOLE
@@ -41,7 +45,8 @@ class BufferLayer(CacheLayerMixin):
         self.owner = owner
 
     def lazy_initialization(self, key_states, value_states) -> None:
-        b, h, _, d = key_states.shape
+        _, h, _, d = key_states.shape
+        b = self.owner.batch_size  # every row, whichever window the first forward ran over
         self.device = key_states.device
         cap = self.owner.capacity
         self.keys = key_states.new_zeros(b, h, cap, d)
@@ -73,15 +78,19 @@ class BufferLayer(CacheLayerMixin):
             return self.keys, self.values
         q = key_states.shape[2]
         start, width = self.owner.write_window(q)
+        keys, values = self.keys, self.values
+        if self.owner.window is not None:  # a view of the window's rows: writes land in the buffer
+            first, count = self.owner.window
+            keys, values = keys[first:first + count], values[first:first + count]
         if isinstance(start, int):  # every row at the same length: one slice copy
-            self.keys[:, :, start:start + q] = key_states
-            self.values[:, :, start:start + q] = value_states
+            keys[:, :, start:start + q] = key_states
+            values[:, :, start:start + q] = value_states
         else:  # ragged rows: start (B, 1) and the (B, q) positions in one indexed copy
             pos = start + torch.arange(q, device=start.device)
             rows = torch.arange(pos.shape[0], device=pos.device)[:, None]
-            self.keys[rows, :, pos] = key_states.transpose(1, 2)
-            self.values[rows, :, pos] = value_states.transpose(1, 2)
-        return self.keys[:, :, :width], self.values[:, :, :width]
+            keys[rows, :, pos] = key_states.transpose(1, 2)
+            values[rows, :, pos] = value_states.transpose(1, 2)
+        return keys[:, :, :width], values[:, :, :width]
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
         if self.owner.static:  # the keys a static forward returns: the whole buffer, whatever the step
@@ -116,8 +125,9 @@ class KVBuffer(Cache):
         super().__init__(layers=[BufferLayer(self) for _ in range(num_layers)])
         self.lengths = [0] * batch_size
         self.pending = 0
+        self.window: tuple[int, int] | None = None  # (first row, rows) the forwards run over; None: every row
         self._q = 0  # size of the forward in flight (set by the first layer's write)
-        self._ragged_start = None
+        self._ragged_start = None  # (rows, 1) long: where each row's new entries go (a caller may give it)
 
     @classmethod
     def for_model(cls, model, batch_size: int = 1, capacity: int = 256, static: bool = False) -> "KVBuffer":
@@ -134,13 +144,20 @@ class KVBuffer(Cache):
     def batch_size(self) -> int:
         return len(self.lengths)
 
+    def window_lengths(self) -> list[int]:
+        """Committed entries of each row the forwards run over."""
+        if self.window is None:
+            return self.lengths
+        first, count = self.window
+        return self.lengths[first:first + count]
+
     @property
     def ragged(self) -> bool:
-        return len(set(self.lengths)) > 1
+        return len(set(self.window_lengths())) > 1
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
         """Entries before the forward in flight in the longest row (what transformers calls the past)."""
-        return max(self.lengths) + self.pending
+        return max(self.window_lengths()) + self.pending
 
     def write_window(self, q: int):
         """(start, width) for a forward of q tokens: start is an int (even rows) or a (B, 1) tensor."""
@@ -149,11 +166,16 @@ class KVBuffer(Cache):
         if width > self.capacity:
             self.reserve(2 * width)
         if not self.ragged:
-            return self.lengths[0] + self.pending, width
+            return self.window_lengths()[0] + self.pending, width
         if self._ragged_start is None:
             dev = self.layers[0].keys.device
-            self._ragged_start = torch.tensor(self.lengths, device=dev)[:, None] + self.pending
+            self._ragged_start = torch.tensor(self.window_lengths(), device=dev)[:, None] + self.pending
         return self._ragged_start, width
+
+    def give_start(self, start: torch.Tensor) -> None:
+        """Before a forward over ragged rows: start (rows, 1) long on the device, each row's committed length plus
+        the pending entries (what write_window would upload; a caller that has it on the device saves the copy)."""
+        self._ragged_start = start
 
     def reserve(self, capacity: int) -> None:
         """Make room for `capacity` entries per row (a copy only when the buffer must grow)."""
@@ -215,6 +237,35 @@ class KVBuffer(Cache):
                 layer.values[:, :, base + first:base + len(keep_host)] = layer.values.index_select(2, src)
         self.lengths[0] = base + len(keep_host)
         self.pending = 0
+
+    def keep_rows(self, moves: list[tuple[int, torch.Tensor, int]], counts: list[int]) -> None:
+        """After a forward over the window's rows: row `first + i` keeps counts[i] pending entries. moves: per row
+        whose kept entries are not all in place, (its index in the window, offsets (k,) long on the device of the
+        kept entries from the j-th on, j): they go to pending positions j, j + 1, ... (the entries before j are in
+        place). One gather and one scatter per layer for all rows, from device offsets (no upload)."""
+        first = self.window[0] if self.window is not None else 0
+        if moves and self.layers[0].is_initialized:
+            rows, src, dst = [], [], []
+            for i, offsets, j in moves:
+                base = self.lengths[first + i]
+                rows.append(torch.full_like(offsets, first + i))
+                src.append(offsets + base)
+                dst.append(torch.arange(base + j, base + j + offsets.numel(), device=offsets.device))
+            rows, src, dst = torch.cat(rows), torch.cat(src), torch.cat(dst)
+            for layer in self.layers:
+                layer.move(rows, src, dst)
+        for i, k in enumerate(counts):
+            self.lengths[first + i] += k
+        self.pending = 0
+
+    def move_row(self, src: int, dst: int) -> None:
+        """Row `dst` takes row `src`'s committed entries (a finished sequence's row is reused)."""
+        n = self.lengths[src]
+        if n and self.layers[0].is_initialized:
+            for layer in self.layers:
+                layer.keys[dst, :, :n] = layer.keys[src, :, :n]
+                layer.values[dst, :, :n] = layer.values[src, :, :n]
+        self.lengths[dst] = n
 
     def drop_pending(self) -> None:
         self.commit([[] for _ in self.lengths])

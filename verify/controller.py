@@ -206,6 +206,7 @@ class AutoBudget:
         self.correction: dict[int, float] = {}  # per profile size, on top of scale (EMA)
         self.probe_every, self._probe_wait, self._idle = probe_every, probe_every, 0
         self._probing = False  # the last budget given was a probe
+        self._first = False  # the next drafted step is the sequence's first
         self._drafted_run = 0  # drafted steps since the last plain step
         self._lanes = 1  # the most sequences in one forward since start(): 1 for single-sequence decoding. In a
         # batch a lane's share of a plain step is no plain step's cost, and its last steps alone still attend over
@@ -215,6 +216,7 @@ class AutoBudget:
 
     def start(self, prompt_len: int) -> None:
         self._lanes, self._observed_at = 1, None
+        self._first = True  # the sequence's first drafted step is still to come: it catches up on the prompt
         if self.profile is None or context_bucket(prompt_len) != self.profile.context:
             self.profile = CostProfile.for_model(self.model, prompt_len, cache=self.cache_profile)
 
@@ -323,7 +325,14 @@ class AutoBudget:
             return
         self._drafted_run += 1
         chain = self.shaped and 0 < step.budget_depth == step.budget_nodes  # the tree drafter's chain shape
-        if not probing:  # a probe (after idle steps, one level) realizes nothing a steady step would
+        # a probe's drafting also catches up on every token of the idle steps before it (EAGLE runs them through
+        # its draft in one forward), and a sequence's first drafted step on its whole prompt, which a drafter
+        # drafting every step never pays: they bound a steady step's cost from above, so they may lower the fit
+        # but not raise it. Taken as is, a probe after 16 idle steps confirmed that drafting was dear, and a hybrid
+        # that had idled once idled a whole sequence; 8 EAGLE lanes, charged their prompts' catch-up (150 tokens
+        # each) as their first step's drafting, priced a level at 5-7 ms a lane against about 1 ms and idled
+        catching_up, self._first = probing or self._first, False
+        if not catching_up:  # ... and realizes nothing a steady step would
             self._drafted += 1
             self._last[chain] = self._drafted
             if self._run_left > 0 and chain == self._run_chain:
@@ -335,20 +344,18 @@ class AutoBudget:
             done = self._realized[chain]
             done[0] = done[0] * REALIZED_KEEP + step.committed
             done[1] = done[1] * REALIZED_KEEP + seconds
+        cost = self.chain_cost if chain else self.draft_cost
         if chain:
             self.chain_acceptance.observe(step.depth, step.accepted)
-            self.chain_cost.observe(step.depth, step.draft_s)
         else:
             self.acceptance.observe(step.depth, step.accepted)
             if self.shaped:  # what the tree's chain would have passed: the accepted path's first children
                 self.chain_acceptance.observe(step.depth, step.first_accepted)
-        # a probe's drafting also catches up on every token of the idle steps before it (EAGLE runs them through
-        # its draft in one forward), which a drafter drafting every step never pays: it bounds a steady step's
-        # cost from above, so it may lower the fit but not raise it. Taken as is, a probe after 16 idle steps
-        # confirmed that drafting was dear, and a hybrid that had idled once idled a whole sequence
-        expected = self.draft_cost(step.depth)
-        if not chain:
-            self.draft_cost.observe(step.depth, min(step.draft_s, expected) if probing and expected else step.draft_s)
+        expected = cost(step.depth)
+        if not catching_up:
+            cost.observe(step.depth, step.draft_s)
+        elif expected:  # nothing measured yet: the next steady step measures it
+            cost.observe(step.depth, min(step.draft_s, expected))
         # the measured verify time rescales the whole curve, and refines it near this size
         ratio = step.verify_s / (self.profile.plain_s * self.profile.c(step.drafted))
         self.scale = ratio if self.scale is None else 0.8 * self.scale + 0.2 * ratio

@@ -1,22 +1,23 @@
 """Several sequences decoded together: one target forward per step for all of them.
 
-The sequences are packed into ONE row of the KV buffer. Every committed entry has an
-owner: the sequence ("lane") it belongs to, or SHARED for a prefix every lane sees
-(best-of-N's prompt: N samples are N branches of one tree hanging off the prompt,
-stored once). A step's input is the concatenation, lane by lane, of each live lane's
-pending tokens and draft tree:
+Two layouts of the verifier's KV buffer (verify/forward.py):
+- rows (a batch of prompts): a row per sequence ("lane"). A step is a (lanes, width) batch: each lane's
+  pending tokens (committed, not yet in the cache; the last one is the root) and its draft tree, padded to
+  the widest lane's, each row attending over its own entries only. A lane that finishes gives its row to
+  the last live lane, so steps run over the live lanes only; the batch planner prices a step by its width
+  (verify/batch_plan.py).
+- packed (best-of-N, static shapes): the lanes in ONE row. Every committed entry has an owner: the lane it
+  belongs to, or SHARED for a prefix every lane sees (best-of-N's prompt: N samples are N branches of one
+  tree hanging off the prompt, stored once). A step's input is the lanes' pieces back to back:
 
     input:   [pending_0 tree_0] [pending_1 tree_1] ...          (q tokens, one row)
     sees:    committed entries it owns or SHARED, then its own block (verify/tree.py)
 
-Packing instead of padding: lanes accept different numbers of tokens every step
-(ragged) and finish at different steps, and neither leaves holes to pad: a lane that
-finished simply stops contributing tokens, and every lane's accepted entries are
-committed in place by one O(accepted) KV commit. The price is that attention runs
-over every lane's columns and masks the others' away, which is cheap while q and the
-total context stay small (CPU, small batches) and is what per-row buffers would fix
-at large batch.
+  Lanes accept different numbers of tokens every step and finish at different steps, and neither leaves
+  holes: a finished lane stops contributing tokens. The price is that attention runs over every lane's
+  columns and masks the others' away (at 8 lanes it cost 60% more than rows, verify/forward.py).
 
+Either way every lane's accepted entries are committed in place by one O(accepted) KV commit.
 Single-sequence decoding (verify/decode.py) is this loop with one lane. Per step:
 one upload of the step's layout and one read of every lane's accepted path
 (verify/step.py); the KV commit, the owners, the lanes' token buffers, the fed
@@ -139,7 +140,7 @@ def _verify(ver: Verifier, lanes: list[Lane], trees: list[DraftTree], roots: lis
     shared = roots is not None
     pieces = [Piece(SHARED, 0, lanes[0].pending, trees[0])] if shared else \
         [Piece(ln.index, ln.position, ln.pending, tree) for ln, tree in zip(lanes, trees)]
-    step = StepInputs(pieces, ver.model.device)  # the step's one upload
+    step = StepInputs(pieces, ver.model.device) if shared else ver.inputs(pieces, prefill)  # the one upload
     logits, hidden = ver.run(step, layers, logits_to_keep, prefill)
     skip = step.q - logits.shape[0]  # rows whose logits were not kept
     width = step.max_depth
@@ -189,14 +190,19 @@ def generate_packed(model, prompts, drafters, max_new_tokens: int = 64, sampling
     elif len(prompts) != n:
         raise ValueError(f"got {len(prompts)} prompts for {n} drafters")
     policies = [make_policy(budget, d, model) for d in drafters]
-    planner = BatchPlanner.over(policies)  # the lanes' budgets chosen together (verify/batch_plan.py)
+
     widest = max(p.cap.max_nodes for p in policies)
     deepest = max(p.cap.max_depth for p in policies)
     stored = prompts[0].numel() if shared_prompt else sum(p.numel() for p in prompts)
-    ver = static_verifier(model, static_capacity(stored, n, max_new_tokens, widest), compile) if static or compile \
-        else Verifier(model, capacity=stored + n * (max_new_tokens + widest + 2))
+    if static or compile:
+        ver = static_verifier(model, static_capacity(stored, n, max_new_tokens, widest), compile)
+    elif shared_prompt or n == 1:
+        ver = Verifier(model, capacity=stored + n * (max_new_tokens + widest + 2))
+    else:  # a batch of prompts: a KV row per lane (verify/forward.py, the rows layout)
+        ver = Verifier(model, capacity=max(p.numel() for p in prompts) + max_new_tokens + widest + 2, lanes=n)
     for p in prompts:
         check_room(ver, p.numel(), max_new_tokens)
+    planner = BatchPlanner.over(policies, ver.rows)  # the lanes' budgets chosen together (verify/batch_plan.py)
     eos = eos_set(model, eos_token_id)
     constraints = [make_constraint(logits_processor, grammar, tokenizer, vocab, eos, jump_forward) for _ in drafters]
     if constraints[0] is not None and (shared_prompt or logprobs):
@@ -237,9 +243,11 @@ def generate_packed(model, prompts, drafters, max_new_tokens: int = 64, sampling
                 sel = None if hidden is None else _pick(hidden, layers, ln.drafter)
                 ln.drafter.update(StepResult(ln.buf[m:m + 1 + len(forced)], ln.prompt, sel, logits[-1:], empty[0], [],
                                              top1=None, new_token_ids=[first] + forced, forced=len(forced)))
+            else:
+                ver.release(ln.index)
 
     while True:
-        live = [ln for ln in lanes if not ln.done]
+        live = ver.in_row_order([ln for ln in lanes if not ln.done])
         if not live:
             break
         t0 = clock.now()
@@ -269,7 +277,7 @@ def generate_packed(model, prompts, drafters, max_new_tokens: int = 64, sampling
         ver.commit_rows(step, keep, keep_host)
         verify_s = clock.now() - t1
         if planning:
-            planner.observe(step.q, verify_s)
+            planner.observe(step.q, verify_s)  # rows: the padded (lanes, width) batch is what the forward ran
         kept = 0
         for i, (ln, tree, given, w, (acc, acc_tokens, bonus)) in enumerate(zip(live, trees, givens, walks, results)):
             root, first = step.rows(i)
@@ -284,7 +292,7 @@ def generate_packed(model, prompts, drafters, max_new_tokens: int = 64, sampling
                 rows, row_top1 = check.drafter_logits(rows), None if check.walk_nodes is not None else row_top1
                 tree, acc = check.tree, check.drafter_nodes(acc)
             ln.stats.steps.append(StepStats(len(tree), tree.max_depth, len(acc), len(new) + len(forced), draft_s[i],
-                                            verify_s * (m + len(tree)) / step.q, budget_depth=given.max_depth,
+                                            verify_s * (m + len(tree)) / step.used, budget_depth=given.max_depth,
                                             budget_nodes=given.max_nodes,
                                             rejected=bool(tree.children[acc[-1] + 1 if acc else 0]),
                                             lanes=len(live), forced=len(forced),
@@ -298,6 +306,7 @@ def generate_packed(model, prompts, drafters, max_new_tokens: int = 64, sampling
                                          top1=row_top1, new_token_ids=new + forced, forced=len(forced)))
             ln.stats.steps[-1].draft_s += clock.now() - t2
             if ln.done:  # the drafter saw its last tokens; nothing more to feed
+                ver.release(ln.index)
                 continue
             ln.policy.observe(ln.stats.steps[-1], len(ln.tokens))
             ln.pending = new[-1:] + forced  # the bonus, then the tokens the grammar forced: fed next

@@ -2,7 +2,10 @@
 
 A step's input packs, lane by lane, each lane's pending tokens (committed, not yet in
 the cache; the last one is the root) and its draft tree (verify/packed.py explains
-the packing). The host knows everything about the layout, so it sends it in ONE
+the packing). In the rows layout (`width`, verify/forward.py) piece i takes
+rows [i * width, (i + 1) * width), padded with rows that see only themselves and are never kept, so
+that the step is a (pieces, width) batch whose row i is the KV buffer's row of lane i.
+The host knows everything about the layout, so it sends it in ONE
 upload (`sync.to_device`), a flat long tensor:
 
     [ ids (q) | positions (q) | lane (q) | up (q) | depth (q) | per lane: tree topology ]
@@ -26,6 +29,7 @@ from draftkit.verify.accept import choose, topology_from, topology_ints
 from draftkit.verify.contract import DraftTree
 
 SHARED = -1  # owner of entries every lane sees (best-of-N's prompt)
+PAD = -2  # padding row r of the rows layout belongs to lane PAD - r, its own: it sees only itself
 
 
 @dataclass
@@ -56,17 +60,17 @@ def ancestors(up: torch.Tensor, steps: int) -> torch.Tensor:
 
 
 class StepInputs:
-    """A step's input on the device (one upload), with the host's view of its layout."""
+    """A step's input on the device (one upload), with the host's view of its layout. width: the rows layout, each
+    piece padded to `width` rows (at least its own); None: the pieces back to back (packed)."""
 
-    def __init__(self, pieces: list[Piece], device):
-        self.pieces = pieces
-        self.starts, q = [], 0
-        for piece in pieces:
-            self.starts.append(q)
-            q += piece.m + len(piece.tree)
-        self.q = q
+    def __init__(self, pieces: list[Piece], device, width: int | None = None):
+        self.pieces, self.width = pieces, width
+        sizes = [piece.m + len(piece.tree) for piece in pieces]
+        self.used = sum(sizes)  # rows that carry a lane's tokens (the rest pad the rows layout)
+        self.starts = [i * width for i in range(len(pieces))] if width else [sum(sizes[:i]) for i in range(len(pieces))]
+        self.q = width * len(pieces) if width else self.used
         ids, pos, lane, up, depth, topo = [], [], [], [], [], []
-        for piece, start in zip(pieces, self.starts):
+        for piece, start, size in zip(pieces, self.starts, sizes):
             m, tree = piece.m, piece.tree
             on_host = tree._tokens is not None  # built from host lists (a device tree is copied in below)
             ids += (piece.pending if isinstance(piece.pending, list) else [0] * m) + \
@@ -76,8 +80,15 @@ class StepInputs:
             up += [-1] * m + [start + m + p if p >= 0 else -1 for p in tree.host_parents]
             depth += [0] * m + tree.depth[1:]
             topo.append(topology_ints(tree))
+            pad = width - size if width else 0  # padding rows: token 0 at position 0, each its own lane (PAD - row)
+            ids += [0] * pad
+            pos += [0] * pad
+            lane += [PAD - start - size - j for j in range(pad)]
+            up += [-1] * pad
+            depth += [0] * pad
         self.max_depth = max(max(depth, default=0), 1)
         packet = sync.to_device(ids + pos + lane + up + depth + [t for ints in topo for t in ints], device)
+        q = self.q
         self.ids, self.pos, self.lane, self.up, self.depth = packet[:5 * q].view(5, q)
         self.topology, offset = [], 5 * q
         for piece, start, ints in zip(pieces, self.starts, topo):
