@@ -223,20 +223,30 @@ class AutoBudget:
     def nodes(self, depth: int, chain: bool = False) -> int:
         return depth if chain else min(self.cap.max_nodes, max(depth, round(self.nodes_per_depth * depth)))
 
+    def _chain_offered(self) -> bool:
+        return self.shaped and self.chain_acceptance.reached[0].value >= CHAIN_AFTER
+
+    def _realized_prefers_chain(self) -> bool:
+        (tc, ts), (cc, cs) = self._realized[False], self._realized[True]
+        return cs > 0 and ts > 0 and cc / cs > tc / ts
+
     def shapes(self) -> list[bool]:
         """The shapes to plan (chain?), the preferred first: the tree alone until its first children were seen;
         then the shape whose drafted steps realized more committed tokens per second, except during a run of
-        EXPLORE_RUN steps of the other one, every CHAIN_EXPLORE drafted steps (the chain's first at once)."""
-        if not (self.shaped and self.chain_acceptance.reached[0].value >= CHAIN_AFTER):
+        EXPLORE_RUN steps of the other one (started by `_explore`)."""
+        if not self._chain_offered():
             return [False]
-        if self._run_left <= 0:
-            (tc, ts), (cc, cs) = self._realized[False], self._realized[True]
-            chain = cs > 0 and ts > 0 and cc / cs > tc / ts
-            if cs == 0 or self._drafted - self._last[not chain] >= CHAIN_EXPLORE:
-                self._run_chain, self._run_left = cs == 0 or not chain, EXPLORE_RUN
-            else:
-                return [chain, not chain]
-        return [self._run_chain, not self._run_chain]
+        chain = self._run_chain if self._run_left > 0 else self._realized_prefers_chain()
+        return [chain, not chain]
+
+    def _explore(self) -> None:
+        """After a steady drafted step: start a run of the shape not preferred when it is due, every CHAIN_EXPLORE
+        drafted steps (the chain's first run as soon as it is offered)."""
+        if self._run_left > 0 or not self._chain_offered():
+            return
+        chain = self._realized_prefers_chain()
+        if self._realized[True][1] == 0 or self._drafted - self._last[not chain] >= CHAIN_EXPLORE:
+            self._run_chain, self._run_left = not chain, EXPLORE_RUN
 
     def tables(self, chain: bool = False) -> tuple[list[float], list[int], list[float]]:
         """Per depth 0..max of one shape: expected committed tokens, nodes, drafting seconds."""
@@ -354,6 +364,7 @@ class AutoBudget:
         expected = cost(step.depth)
         if not catching_up:
             cost.observe(step.depth, step.draft_s)
+            self._explore()
         elif expected:  # nothing measured yet: the next steady step measures it
             cost.observe(step.depth, min(step.draft_s, expected))
         # the measured verify time rescales the whole curve, and refines it near this size
