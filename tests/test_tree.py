@@ -3,9 +3,10 @@ import pytest
 import torch
 from tests.models import ARCHS, tiny_model
 from draftkit.verify.cache import KVBuffer
-from draftkit.verify.contract import DraftTree
+from draftkit.verify.contract import DraftTree, NoDrafter
 from draftkit.verify.forward import Verifier, probe_tree_attention, run_model
 from draftkit.verify.tree import MaskBuffer, path_slots, positions, verify_block, verify_offsets
+from draftkit.verify.packed import generate_packed
 
 # a tree with two branches of different depths:  root -> 0 -> 2 -> 4 ; root -> 1 -> 3
 TREE = DraftTree(torch.tensor([5, 6, 7, 8, 9]), torch.tensor([-1, -1, 0, 1, 2])).validate()
@@ -160,6 +161,8 @@ def test_model_without_tree_attention_gets_a_clear_error(monkeypatch):
     ver.commit(3, [0, 1])
     with pytest.raises(TreeAttentionUnsupported, match="LlamaForCausalLM.*chain"):
         ver.forward(torch.tensor([1]), TREE)
+    with pytest.raises(TreeAttentionUnsupported, match="LlamaForCausalLM.*one sequence"):  # a batch of rows, too
+        generate_packed(model, [torch.tensor([1, 2, 3]), torch.tensor([4, 5])], [NoDrafter(), NoDrafter()], 4)
 
 
 def test_verify_never_imports_drafters():

@@ -223,6 +223,7 @@ class Verifier:
     def _run_rows(self, step: StepInputs, inputs: dict) -> None:
         """Fill `inputs` for a forward over the lanes' rows: (lanes, width) ids and positions, each row's mask (its
         committed entries, then its block), each row's write position from the uploaded positions (no upload)."""
+        self._check_tree_attention()  # ragged rows and trees need the 4D mask
         n, w = len(step.pieces), step.width
         self.kv.window = (0, n)
         inputs["input_ids"] = step.ids.view(n, w)
