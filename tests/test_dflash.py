@@ -180,6 +180,14 @@ def test_training_lowers_the_loss(tiny_run):
     assert len(report["heldout_top1_by_slot"]) == 3 and report["tau"] >= 1.0
     target = AutoModelForCausalLM.from_pretrained(str(tiny_run / "target"))
     assert DFlashDrafter.from_pretrained(str(out / "final"), target, max_depth=3).draft.config.block_size == 4
+    # --init_from continues the trained draft: its first loss is the trained one's, not a new draft's
+    more = train_dflash.main(train_argv(tiny_run, tiny_run / "more", 4, "--block_size", "4", "--draft_layers", "1",
+                                        "--anchors", "8", "--init_from", str(out / "final")))
+    assert more["history"][0]["loss"] < report["history"][0]["loss"] - 0.1
+    from draftkit.train.config import TrainError
+    with pytest.raises(TrainError, match="has block 4, 1 layer"):  # another shape is named, in one line
+        train_dflash.main(train_argv(tiny_run, tiny_run / "bad", 4, "--block_size", "5", "--draft_layers", "1",
+                                     "--init_from", str(out / "final")))
 
 
 def test_not_shipped_is_one_line(target, monkeypatch):

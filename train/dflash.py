@@ -46,6 +46,8 @@ class DFlashTrainConfig(TargetDataConfig):
                                    "the tokenizer's pad token, else its EOS)")
     anchors: int = field(16, "blocks cut from each training sequence per step (random anchors)")
     gamma: float = field(4.0, "loss weight of slot j is exp(-(j - 1) / gamma)")
+    init_from: str = field("", "continue from an existing DFlash draft (a folder, or default: the shipped one) instead "
+                               "of a new one; its block size, layers and context layers are this run's")
     eval_tau_prompts: int = field(4, "held-out prompts for the final tau measurement (0: skip)")
     eval_new_tokens: int = field(64, "tokens generated per prompt for tau")
     output_dir: str = shared("output_dir", "runs/dflash")
@@ -61,6 +63,24 @@ class DFlashTrainConfig(TargetDataConfig):
                              f"{self.draft_layers}, {self.anchors}")
         if self.seq_len <= self.block_size:
             raise TrainError(f"seq_len ({self.seq_len}) must exceed block_size ({self.block_size})")
+
+
+def initial_draft(cfg, target):
+    """The draft of cfg.init_from (default: the shipped DFlash), checked against this run's settings."""
+    from draftkit.drafters.dflash_formats import load_dflash_draft
+
+    folder = resolve_model(cfg.init_from, "dflash", "--init_from")
+    try:
+        draft = load_dflash_draft(folder, target).float().train()
+    except (OSError, ValueError) as err:
+        raise TrainError(f"--init_from {cfg.init_from}: {err}") from None
+    c = draft.config
+    layers = cfg.target_layers or list(c.target_layers)
+    if (c.block_size, c.draft_layers, list(c.target_layers)) != (cfg.block_size, cfg.draft_layers, layers):
+        raise TrainError(f"--init_from {cfg.init_from} has block {c.block_size}, {c.draft_layers} layer(s), context "
+                         f"layers {list(c.target_layers)}; this run's are {cfg.block_size}, {cfg.draft_layers}, "
+                         f"{layers}")
+    return draft
 
 
 @torch.no_grad()
@@ -90,7 +110,8 @@ def main(argv=None):
         mask = mask_token(tokenizer, cfg.mask_token_id)
         torch.manual_seed(cfg.seed)
         try:
-            draft = make_dflash_draft(target, cfg.block_size, mask, cfg.draft_layers, cfg.target_layers or None)
+            draft = initial_draft(cfg, target) if cfg.init_from else \
+                make_dflash_draft(target, cfg.block_size, mask, cfg.draft_layers, cfg.target_layers or None)
         except ValueError as e:
             raise TrainError(str(e)) from None
         draft.config.target_name = target_path
