@@ -91,6 +91,7 @@ class BatchPlanner:
             best, rate = self.plan(lanes, sum(pending))
             q = sum(pending) + sum(ln.nodes[d] for ln, d in zip(lanes, best))
         slope, step_s = self._slope(q, len(lanes)), self.forward_s(q)
+        used = sum(pending) + sum(ln.nodes[o] for ln, o in zip(lanes, best))  # rows that carry tokens
         out = []
         for ln, o, m in zip(lanes, best, pending):
             d, chain = ln.options[o]
@@ -100,8 +101,7 @@ class BatchPlanner:
             if self.rows:  # rows up to the widest lane's are free; past it, every lane's row widens
                 extra = len(lanes) * max(0, m + nodes[above] - max(width, m + nodes[below]))
             marginal = slope * extra + draft[above] - draft[below]
-            share = step_s * (m + nodes[d]) / (q if not self.rows else sum(pending) + sum(
-                lm.nodes[b] for lm, b in zip(lanes, best))) + draft[d]  # the lane's part of the step, for reports
+            share = step_s * (m + nodes[d]) / used + draft[d]  # the lane's part of the step, for reports
             times = [share] * len(gains)
             # a path of this lane is worth a level if its chance, weighted, beats what the level costs
             out.append(ln.policy.choose(d, marginal, rate / max(ln.weight, 1e-3), gains, times, len(lanes), chain))
@@ -180,11 +180,13 @@ class _LaneModel:
     def best_within(self, lam: float, most: int) -> list[int]:
         """For k = 0..most nodes at most: the option maximizing gains - lam * drafting among those of <= k nodes."""
         value = [self.weight * g - lam * c for g, c in zip(self.gains, self.draft)]
-        out, best = [], 0
-        for k in range(most + 1):
-            for o, n in enumerate(self.nodes):
-                if n == k and value[o] > value[best]:
-                    best = o
+        order = sorted(range(len(self.options)), key=self.nodes.__getitem__)
+        out, best, i = [], 0, 0
+        for k in range(most + 1):  # one sweep over the options by node count: a running best
+            while i < len(order) and self.nodes[order[i]] <= k:
+                if value[order[i]] > value[best]:
+                    best = order[i]
+                i += 1
             out.append(best)
         return out
 
