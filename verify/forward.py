@@ -14,6 +14,8 @@ shapes), every row of every lane attends over every lane's columns and masks the
 256 entries and 5 rows each, the forward cost 68 ms against 42 ms in rows (CPU, the 12M target), while a
 plain step of one row per lane cost the same either way. The lanes still decoding keep the first rows: a
 finished lane's row takes the last live lane's entries (`release`), so a step never runs a finished lane.
+The buffer is rectangular (lanes x the longest lane's capacity): at very unequal prompt lengths it holds more
+than the packed row would.
 
 Static shapes (`static_verifier`, `compile=True` in the API): the step's q rows are
 padded to a bucket (1, 2, 4, ..., 64, then multiples of 64; padding rows carry token
