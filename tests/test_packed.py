@@ -9,6 +9,8 @@ from draftkit.drafters.standalone import StandaloneDrafter
 from tests.models import ARCHS, tiny_model
 from draftkit.verify.accept import Sampling
 from draftkit.verify.decode import generate
+from draftkit.verify.contract import NoDrafter
+from draftkit.verify.packed import generate_packed
 
 V = 8
 
@@ -34,6 +36,10 @@ def test_each_row_of_a_batch_equals_that_row_decoded_alone(arch):
             assert [o.tokens.tolist() for o in outs] == refs, (arch, name, budget)
             if name == "self-chain" and budget == "fixed":  # ragged: rows accept different amounts per step
                 assert max(o.stats.tau for o in outs) > 2
+    # the KV entries the batch committed: each row's prompt and tokens but its last (never fed), also after the
+    # rows that ended first handed their KV rows on
+    out = generate_packed(target, prompts, [NoDrafter() for _ in prompts], 24, eos_token_id=[eos], logprobs=False)
+    assert out.kv_entries == sum(p.numel() + o.tokens.numel() - 1 for p, o in zip(prompts, out.outputs))
 
 
 def exact_pair(model, prompt):

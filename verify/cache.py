@@ -223,28 +223,20 @@ class KVBuffer(Cache):
             for layer in self.layers:
                 layer.move(idx[0], idx[1], idx[2])
 
-    def keep(self, keep: torch.Tensor, keep_host: list[int]) -> None:
-        """One row: keep the pending entries at offsets `keep` (K,) long on the device, ascending (keep_host: the
-        same offsets on the host), in that order. Entries already in place are not touched; the rest are
-        gathered then written in one indexed copy per layer, from device indices (no upload)."""
-        assert self.batch_size == 1, "keep() is for the single row of a packed buffer"
-        base = self.lengths[0]
-        first = next((i for i, off in enumerate(keep_host) if off != i), len(keep_host))
-        if first < len(keep_host) and self.layers[0].is_initialized:
-            src = keep[first:] + base
-            for layer in self.layers:
-                layer.keys[:, :, base + first:base + len(keep_host)] = layer.keys.index_select(2, src)
-                layer.values[:, :, base + first:base + len(keep_host)] = layer.values.index_select(2, src)
-        self.lengths[0] = base + len(keep_host)
-        self.pending = 0
-
     def keep_rows(self, moves: list[tuple[int, torch.Tensor, int]], counts: list[int]) -> None:
         """After a forward over the window's rows: row `first + i` keeps counts[i] pending entries. moves: per row
         whose kept entries are not all in place, (its index in the window, offsets (k,) long on the device of the
         kept entries from the j-th on, j): they go to pending positions j, j + 1, ... (the entries before j are in
         place). One gather and one scatter per layer for all rows, from device offsets (no upload)."""
         first = self.window[0] if self.window is not None else 0
-        if moves and self.layers[0].is_initialized:
+        if len(moves) == 1 and self.layers[0].is_initialized:  # one row (every step of one sequence): a slice
+            i, offsets, j = moves[0]
+            row, base = first + i, self.lengths[first + i]
+            src = offsets + base
+            for layer in self.layers:
+                layer.keys[row, :, base + j:base + j + src.numel()] = layer.keys[row].index_select(1, src)
+                layer.values[row, :, base + j:base + j + src.numel()] = layer.values[row].index_select(1, src)
+        elif moves and self.layers[0].is_initialized:
             rows, src, dst = [], [], []
             for i, offsets, j in moves:
                 base = self.lengths[first + i]
@@ -283,8 +275,9 @@ class KVBuffer(Cache):
         return sum(layer.keys.numel() * layer.keys.element_size() * 2 for layer in self.layers
                    if layer.is_initialized)
 
-    def used_bytes(self) -> int:
-        """Bytes of the committed entries (what a cache sized exactly to the text would hold)."""
+    def used_bytes(self, entries: int | None = None) -> int:
+        """Bytes of `entries` committed entries (default: those held now; what a cache sized exactly to the text
+        would hold)."""
         per = sum(layer.keys[0, :, 0].numel() * layer.keys.element_size() * 2 for layer in self.layers
                   if layer.is_initialized)
-        return per * sum(self.lengths)
+        return per * (sum(self.lengths) if entries is None else entries)

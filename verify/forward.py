@@ -160,6 +160,7 @@ class Verifier:
         self.rows = lanes > 1 and not self.static  # the rows layout (module docstring): capacity is per row
         self.kv = KVBuffer.for_model(model, lanes if self.rows else 1, capacity=capacity, static=self.static)
         self.row_of = {i: i for i in range(lanes)} if self.rows else {}  # lane -> its KV row (rows layout)
+        self.released = 0  # entries of the lanes that gave their rows back (rows layout)
         self.owner = torch.full((max(capacity, 1),), SHARED, dtype=torch.long, device=model.device)
         self.peak_entries = 0
         self.peak_logits_bytes = 0
@@ -172,6 +173,7 @@ class Verifier:
         """Empty, for a new run on the same buffers."""
         self.kv.reset()
         self.row_of = {i: i for i in range(self.kv.batch_size)} if self.rows else {}
+        self.released = 0
         self.owner.fill_(SHARED)
         self.peak_entries = self.peak_logits_bytes = 0
 
@@ -217,10 +219,16 @@ class Verifier:
             return
         row = self.row_of.pop(lane)
         last = len(self.row_of)
+        self.released += self.kv.lengths[row]
         if row != last:
             mover = next(k for k, r in self.row_of.items() if r == last)
             self.kv.move_row(last, row)
             self.row_of[mover] = row
+        self.kv.lengths[last] = 0  # the vacated row holds nothing
+
+    def entries(self) -> int:
+        """Target KV entries committed in this run: those held now and those of released lanes (rows layout)."""
+        return self.released + sum(self.kv.lengths)
 
     def _run_rows(self, step: StepInputs, inputs: dict) -> None:
         """Fill `inputs` for a forward over the lanes' rows: (lanes, width) ids and positions, each row's mask (its
@@ -297,23 +305,24 @@ class Verifier:
 
     def commit_rows(self, step: StepInputs, keep: torch.Tensor, keep_host: list[int]) -> None:
         """Keep the pending rows `keep` (K,) long on the device, ascending (keep_host: the same on the host),
-        in that order, with their lanes as owners; drop the other pending rows. No upload."""
-        if self.rows:
-            return self._keep_rows(step, keep, keep_host)
-        w, k = self.cache_len, len(keep_host)
-        if w + k > self.owner.numel():
-            grown = torch.full((2 * (w + k),), SHARED, dtype=torch.long, device=self.owner.device)
-            grown[:self.owner.numel()] = self.owner
-            self.owner = grown
-        self.owner[w:w + k] = step.lane[keep]
-        self.kv.keep(keep, keep_host)
+        in that order (packed: with their lanes as owners); drop the other pending rows. No upload."""
+        if self.rows:  # each piece's rows, from its start, go to its own KV row
+            spans = [(start, start + (step.width or step.q)) for start in step.starts]
+        else:  # one row: the step's rows are its pending entries
+            spans = [(0, step.q)]
+            w, k = self.cache_len, len(keep_host)
+            if w + k > self.owner.numel():
+                grown = torch.full((2 * (w + k),), SHARED, dtype=torch.long, device=self.owner.device)
+                grown[:self.owner.numel()] = self.owner
+                self.owner = grown
+            self.owner[w:w + k] = step.lane[keep]
+        self._keep(spans, keep, keep_host)
 
-    def _keep_rows(self, step: StepInputs, keep: torch.Tensor, keep_host: list[int]) -> None:
-        """commit_rows in the rows layout: each piece's kept rows, from its start, go to its own KV row. A row's
-        kept entries are in place up to the first that is not (offsets ascend), and from there all move."""
+    def _keep(self, spans: list[tuple[int, int]], keep: torch.Tensor, keep_host: list[int]) -> None:
+        """The kept step rows that fall in span i (start, end) go to the window's KV row i. A row's kept entries
+        are in place up to the first that is not (offsets ascend), and from there all move."""
         moves, counts, at = [], [], 0
-        for i, start in enumerate(step.starts):
-            end = start + (step.width or step.q)
+        for i, (start, end) in enumerate(spans):
             j = at
             while j < len(keep_host) and keep_host[j] < end:
                 j += 1

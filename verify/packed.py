@@ -70,10 +70,11 @@ class Lane:
 class PackedOutput:
     outputs: list[GenerationOutput]
     logprobs: list[list[float]]  # per lane: target log p (temperature 1) of each generated token ([] if not asked)
-    kv_entries: int  # the most target KV entries held at once (between steps)
+    kv_entries: int  # target KV entries the run committed (packed: all held at the end; rows: a finished lane's
+    # row is handed on, verify/forward.py)
     kv_entries_peak: int  # the same including one step's draft-tree entries
     kv_bytes: int  # bytes of the target KV buffer as allocated
-    kv_bytes_used: int  # bytes of the target KV entries held at the end (what an exact-size cache holds)
+    kv_bytes_used: int  # bytes of those entries (what an exact-size cache holds)
     draft_kv_bytes: int  # bytes of the drafters' own KV buffers (standalone, EAGLE), all lanes
     buffer_bytes: int  # the step's tree buffers: attention mask buffer and the largest logits block
 
@@ -190,7 +191,6 @@ def generate_packed(model, prompts, drafters, max_new_tokens: int = 64, sampling
     elif len(prompts) != n:
         raise ValueError(f"got {len(prompts)} prompts for {n} drafters")
     policies = [make_policy(budget, d, model) for d in drafters]
-
     widest = max(p.cap.max_nodes for p in policies)
     deepest = max(p.cap.max_depth for p in policies)
     stored = prompts[0].numel() if shared_prompt else sum(p.numel() for p in prompts)
@@ -315,13 +315,13 @@ def generate_packed(model, prompts, drafters, max_new_tokens: int = 64, sampling
         ln.stats.grammar_complete = ln.constraint.grammar_complete if ln.constraint else None
         seq = ln.buf[:len(ln.tokens)].clone()
         outs.append(GenerationOutput(seq[ln.prompt.numel():], seq, ln.stats, lossless=sampling.lossless))
-    committed = ver.kv.lengths[0]
+    committed = ver.entries()
     caches = {id(d.cache): d.cache for d in drafters if hasattr(getattr(d, "cache", None), "nbytes")}
     draft_kv = sum(c.nbytes() for c in caches.values())  # a group's lanes share one buffer (KV or DFlash context)
     buffers = ver.masks.nbytes() + ver.peak_logits_bytes
     logps = [[float(x) for x in sync.to_host(torch.cat(ln.logp))] if ln.logp else [] for ln in lanes]
-    return PackedOutput(outs, logps, committed, ver.peak_entries, ver.kv.nbytes(), ver.kv.used_bytes(), draft_kv,
-                        buffers)
+    return PackedOutput(outs, logps, committed, ver.peak_entries, ver.kv.nbytes(), ver.kv.used_bytes(committed),
+                        draft_kv, buffers)
 
 
 def _pick(hidden, layers, drafter):
