@@ -83,14 +83,6 @@ class Calibration:
         reached, passed, w = self.reached[m][d], self.passed[m][d], self.weight
         return min((passed[k] + w * self.prior / (1 + k)) / (reached[k] + w) for k in range(r + 1))
 
-    def gain(self, m: int, depth: int) -> float:
-        """Expected accepted tokens of m's first-ranked chain of `depth` levels."""
-        total, reach = 0.0, 1.0
-        for d in range(1, depth + 1):
-            reach *= self.chance(m, d, 0)
-            total += reach
-        return total
-
 
 @dataclass
 class Member:

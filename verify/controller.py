@@ -83,9 +83,6 @@ def seeds_best_k(alpha: float, phi: float, max_k: int = 64) -> tuple[int, float]
     return best, seeds_speedup(alpha, best, phi)
 
 
-# ----------------------------------------------------------------------------- cost profile
-
-
 # ----------------------------------------------------------------------------- controller
 
 
