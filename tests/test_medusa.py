@@ -367,3 +367,30 @@ def test_head_outputs_pair_each_position_with_the_token_k_plus_2_ahead_and_subsa
             rows = {tuple(r.round(decimals=4).tolist()) for r in f_logits}
             assert 0 < len(labels) < len(f_labels)
             assert all(tuple(r.round(decimals=4).tolist()) in rows for r in logits)
+
+
+def test_heldout_agreement_compares_each_head_with_the_targets_own_prediction():
+    """evaluate_heads' agreement: head k's top-1 at position t against the target's argmax for token t + k + 2
+    (its logits at t + k + 1), checked against a direct loop; the text's own tokens give the other figure."""
+    from draftkit.train.medusa import evaluate_heads
+
+    target = tiny_target(vocab=32, hidden=16, layers=1)
+    heads = fit_heads(target, num_heads=2, steps=20)
+    rows = torch.randint(0, 32, (3, 14), generator=torch.Generator().manual_seed(5))
+
+    class Rows:
+        def heldout_tokens(self, blocks):
+            yield rows, None
+
+    res = evaluate_heads(target, heads, Rows(), blocks=3, top_k=2)
+    with torch.no_grad():
+        out = target(input_ids=rows, output_hidden_states=True)
+        for k in range(2):
+            agree, text = [], []
+            for b in range(3):
+                for t in range(14 - k - 2):
+                    guess = int(heads.head_logits(k, out.hidden_states[-1][b, t]).argmax())
+                    agree.append(guess == int(out.logits[b, t + k + 1].argmax()))
+                    text.append(guess == int(rows[b, t + k + 2]))
+            assert res["agree_topk"][k][0] == pytest.approx(sum(agree) / len(agree))
+            assert res["topk"][k][0] == pytest.approx(sum(text) / len(text))

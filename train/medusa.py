@@ -138,32 +138,40 @@ def kl_to_reference(logits: torch.Tensor, ref_logits: torch.Tensor) -> torch.Ten
 def evaluate_heads(target, heads, data, blocks: int, top_k: int = 10) -> dict:
     """Held-out head losses, per-rank and cumulative top-k accuracies, and the target's LM loss.
 
-    per_rank[k][r]: share of positions where the right token is head k's rank-r guess.
+    Two labels per position: the held-out text's own token x_{t+k+2} (per_rank, topk, head_loss) and the
+    target's own prediction of it (agree_per_rank, agree_topk): what greedy acceptance tests, and what EAGLE's
+    held-out top-1 measures too; the tree is built from the agreement.
+    per_rank[k][r]: share of positions where the label is head k's rank-r guess.
     topk[k][r]:     share where it is among head k's top r + 1 (cumulative).
     """
     was_training = heads.training, target.training
     heads.eval(), target.eval()
     device = next(heads.parameters()).device
     K = heads.num_heads
-    rank_hits = torch.zeros(K, top_k)
+    rank_hits, agree_hits = torch.zeros(K, top_k), torch.zeros(K, top_k)
     counts = torch.zeros(K)
     loss_sum = torch.zeros(K)
     lm_sum, lm_n, n = 0.0, 0, 0
     for batch, _ in data.heldout_tokens(blocks):
         out = target(input_ids=batch, output_hidden_states=True)
-        hidden = out.hidden_states[-1]
+        hidden = out.hidden_states[-1].to(device)
         lm = F.cross_entropy(out.logits[:, :-1].reshape(-1, out.logits.shape[-1]).float(), batch[:, 1:].reshape(-1),
                              reduction="sum")
         lm_sum, lm_n, n = lm_sum + lm.item(), lm_n + batch[:, 1:].numel(), n + batch.shape[0]
-        for k, (logits, labels) in enumerate(head_outputs(heads, hidden.to(device), batch)):
+        # (B, T): the target's prediction of token j at index j (index 0 keeps the text's token, never a label)
+        predicted = torch.cat([batch[:, :1], out.logits[:, :-1].argmax(-1)], 1)
+        pairs = zip(head_outputs(heads, hidden, batch), head_outputs(heads, hidden, predicted))
+        for k, ((logits, labels), (_, agreed)) in enumerate(pairs):
             loss_sum[k] += F.cross_entropy(logits.float(), labels, reduction="sum").item()
             counts[k] += labels.numel()
-            hits = (logits.topk(top_k, -1).indices == labels[:, None]).float().sum(0).cpu()
-            rank_hits[k] += hits
+            guesses = logits.topk(top_k, -1).indices
+            rank_hits[k] += (guesses == labels[:, None]).float().sum(0).cpu()
+            agree_hits[k] += (guesses == agreed[:, None]).float().sum(0).cpu()
     heads.train(was_training[0]), target.train(was_training[1])
-    per_rank = rank_hits / counts[:, None]
+    per_rank, agree_per_rank = rank_hits / counts[:, None], agree_hits / counts[:, None]
     return {"head_loss": (loss_sum / counts).tolist(), "per_rank": per_rank.tolist(),
-            "topk": per_rank.cumsum(-1).tolist(), "target_loss": lm_sum / lm_n, "blocks": n}
+            "topk": per_rank.cumsum(-1).tolist(), "agree_per_rank": agree_per_rank.tolist(),
+            "agree_topk": agree_per_rank.cumsum(-1).tolist(), "target_loss": lm_sum / lm_n, "blocks": n}
 
 
 def eval_metrics(res: dict) -> dict:
@@ -173,6 +181,7 @@ def eval_metrics(res: dict) -> dict:
         m[f"head{k}_loss"] = loss
         m[f"head{k}_top1"] = res["topk"][k][0]
         m[f"head{k}_top5"] = res["topk"][k][min(4, len(res["topk"][k]) - 1)]
+        m[f"head{k}_agreement"] = res["agree_topk"][k][0]
     return m
 
 
@@ -286,15 +295,15 @@ def main(argv=None):
         res = result.final["result"]
         heads_final = loop.unwrap(heads).eval()
         plain.eval()
-        choices = build_tree_choices(res["per_rank"], cfg.tree_size)
+        choices = build_tree_choices(res["agree_per_rank"], cfg.tree_size)
         report = {
             "mode": cfg.mode, "steps": cfg.max_steps, "resumed_from": result.start_step,
             "train_seconds": round(result.seconds, 1), "trainable_params": n_trainable,
             "head_top1": [r[0] for r in res["topk"]], "head_top5": [r[min(4, cfg.eval_top_k - 1)] for r in res["topk"]],
-            "heldout_head_loss": res["head_loss"],
+            "head_agreement": [r[0] for r in res["agree_topk"]], "heldout_head_loss": res["head_loss"],
             "initial_heldout_head_loss": initial["head_loss"] if initial else None,
             "heldout_target_loss": res["target_loss"],
-            "tree_size": len(choices), "expected_accepted": expected_accepted(choices, res["per_rank"]),
+            "tree_size": len(choices), "expected_accepted": expected_accepted(choices, res["agree_per_rank"]),
             "heldout_blocks": res["blocks"], "corpus": data.corpus.source,
             "corpus_fingerprint": data.corpus.fingerprint, "target": target_path, "regenerated": cfg.regenerate,
             "data_mode": cfg.data_mode, "tokens_seen": loop.tokens_seen(cfg.max_steps),
@@ -307,13 +316,14 @@ def main(argv=None):
         out_dir = loop.final_dir
         if acc.is_main_process:
             base = plain.get_base_model() if medusa2 else plain
-            save_medusa(out_dir, heads_final, choices, base, accuracies=res["per_rank"],
+            save_medusa(out_dir, heads_final, choices, base, accuracies=res["agree_per_rank"],
                         extra_config={"mode": cfg.mode, "target": {
                             "name": target_path, "hidden_size": base.config.hidden_size, "vocab_size": vocab,
                             "num_layers": getattr(base.config, "num_hidden_layers", None),
                             "model_type": base.config.model_type},
                             "train_config": asdict(cfg)},
-                        metrics={"heldout_topk": res["topk"], "heldout_head_loss": res["head_loss"],
+                        metrics={"heldout_topk": res["topk"], "heldout_agreement_topk": res["agree_topk"],
+                                 "heldout_head_loss": res["head_loss"],
                                  "heldout_target_loss": res["target_loss"]})
             if medusa2:
                 plain.save_pretrained(out_dir)
