@@ -60,7 +60,7 @@ def available(zoo: Path | None = None) -> list[str]:
         return []
 
 
-SHOWN = ("heldout_loss", "top1_agreement", "head_top1", "heldout_target_loss", "heldout_top1", "tau")
+SHOWN = ("heldout_loss", "top1_agreement", "head_agreement", "head_top1", "heldout_target_loss", "heldout_top1", "tau")
 
 
 def table(zoo: Path | None = None) -> str:

@@ -376,7 +376,9 @@ def test_heldout_agreement_compares_each_head_with_the_targets_own_prediction():
 
     target = tiny_target(vocab=32, hidden=16, layers=1)
     heads = fit_heads(target, num_heads=2, steps=20)
-    rows = torch.randint(0, 32, (3, 14), generator=torch.Generator().manual_seed(5))
+    rows = generate_batch(target, torch.randint(0, 32, (3, 4), generator=torch.Generator().manual_seed(5)), 10)
+    rows[:, 9] = (rows[:, 9] + 1) % 32  # mostly the target's own text, with breaks: both cases occur
+    rows[0, 6] = (rows[0, 6] + 1) % 32
 
     class Rows:
         def heldout_tokens(self, blocks):
@@ -386,11 +388,15 @@ def test_heldout_agreement_compares_each_head_with_the_targets_own_prediction():
     with torch.no_grad():
         out = target(input_ids=rows, output_hidden_states=True)
         for k in range(2):
-            agree, text = [], []
+            agree, text, followed = [], [], []
             for b in range(3):
                 for t in range(14 - k - 2):
                     guess = int(heads.head_logits(k, out.hidden_states[-1][b, t]).argmax())
                     agree.append(guess == int(out.logits[b, t + k + 1].argmax()))
                     text.append(guess == int(rows[b, t + k + 2]))
+                    if all(int(out.logits[b, j - 1].argmax()) == int(rows[b, j]) for j in range(t + 1, t + k + 2)):
+                        followed.append(agree[-1])
             assert res["agree_topk"][k][0] == pytest.approx(sum(agree) / len(agree))
             assert res["topk"][k][0] == pytest.approx(sum(text) / len(text))
+            assert 0 < res["follow_positions"][k] == len(followed) < len(agree)
+            assert res["follow_top1"][k] == pytest.approx(sum(followed) / max(1, len(followed)))

@@ -140,7 +140,9 @@ def evaluate_heads(target, heads, data, blocks: int, top_k: int = 10) -> dict:
 
     Two labels per position: the held-out text's own token x_{t+k+2} (per_rank, topk, head_loss) and the
     target's own prediction of it (agree_per_rank, agree_topk): what greedy acceptance tests, and what EAGLE's
-    held-out top-1 measures too; the tree is built from the agreement.
+    held-out top-1 measures too; the tree is built from the agreement. follow_top1[k]: head k's top-1 agreement
+    at the positions whose text tokens t+1 .. t+k+1 are each the target's own prediction (the case decoding
+    meets: a head reads h_t alone, and on written text x_{t+1} is often not what the target would say).
     per_rank[k][r]: share of positions where the label is head k's rank-r guess.
     topk[k][r]:     share where it is among head k's top r + 1 (cumulative).
     """
@@ -149,6 +151,7 @@ def evaluate_heads(target, heads, data, blocks: int, top_k: int = 10) -> dict:
     device = next(heads.parameters()).device
     K = heads.num_heads
     rank_hits, agree_hits = torch.zeros(K, top_k), torch.zeros(K, top_k)
+    follow_hits, follow_counts = torch.zeros(K), torch.zeros(K)
     counts = torch.zeros(K)
     loss_sum = torch.zeros(K)
     lm_sum, lm_n, n = 0.0, 0, 0
@@ -160,18 +163,35 @@ def evaluate_heads(target, heads, data, blocks: int, top_k: int = 10) -> dict:
         lm_sum, lm_n, n = lm_sum + lm.item(), lm_n + batch[:, 1:].numel(), n + batch.shape[0]
         # (B, T): the target's prediction of token j at index j (index 0 keeps the text's token, never a label)
         predicted = torch.cat([batch[:, :1], out.logits[:, :-1].argmax(-1)], 1)
-        pairs = zip(head_outputs(heads, hidden, batch), head_outputs(heads, hidden, predicted))
-        for k, ((logits, labels), (_, agreed)) in enumerate(pairs):
+        run = following_run(predicted == batch)
+        pairs = zip(head_outputs(heads, hidden, batch), head_outputs(heads, hidden, predicted),
+                    head_outputs(heads, hidden, run))
+        for k, ((logits, labels), (_, agreed), (_, followed)) in enumerate(pairs):
             loss_sum[k] += F.cross_entropy(logits.float(), labels, reduction="sum").item()
             counts[k] += labels.numel()
             guesses = logits.topk(top_k, -1).indices
             rank_hits[k] += (guesses == labels[:, None]).float().sum(0).cpu()
             agree_hits[k] += (guesses == agreed[:, None]).float().sum(0).cpu()
+            on_target_text = followed >= k + 1  # x_{t+1} .. x_{t+k+1} each the target's own top-1
+            follow_hits[k] += (guesses[:, 0] == agreed)[on_target_text].sum().item()
+            follow_counts[k] += on_target_text.sum().item()
     heads.train(was_training[0]), target.train(was_training[1])
     per_rank, agree_per_rank = rank_hits / counts[:, None], agree_hits / counts[:, None]
     return {"head_loss": (loss_sum / counts).tolist(), "per_rank": per_rank.tolist(),
             "topk": per_rank.cumsum(-1).tolist(), "agree_per_rank": agree_per_rank.tolist(),
-            "agree_topk": agree_per_rank.cumsum(-1).tolist(), "target_loss": lm_sum / lm_n, "blocks": n}
+            "agree_topk": agree_per_rank.cumsum(-1).tolist(),
+            "follow_top1": (follow_hits / follow_counts.clamp(min=1)).tolist(), "follow_positions": follow_counts.tolist(),
+            "target_loss": lm_sum / lm_n, "blocks": n}
+
+
+def following_run(follows: torch.Tensor) -> torch.Tensor:
+    """(B, T) bool -> (B, T) long: at index j, how many text tokens in a row just before j (j-1, j-2, ...) are the
+    target's own prediction (index 0 never is). Read at a head's label index t+k+2, >= k+1 means that tokens
+    t+1 .. t+k+1 all followed the target."""
+    run = torch.zeros(follows.shape, dtype=torch.long, device=follows.device)
+    for j in range(2, follows.shape[1]):
+        run[:, j] = torch.where(follows[:, j - 1], run[:, j - 1] + 1, 0)
+    return run
 
 
 def eval_metrics(res: dict) -> dict:
@@ -182,6 +202,7 @@ def eval_metrics(res: dict) -> dict:
         m[f"head{k}_top1"] = res["topk"][k][0]
         m[f"head{k}_top5"] = res["topk"][k][min(4, len(res["topk"][k]) - 1)]
         m[f"head{k}_agreement"] = res["agree_topk"][k][0]
+        m[f"head{k}_follow_top1"] = res["follow_top1"][k]
     return m
 
 
@@ -300,7 +321,8 @@ def main(argv=None):
             "mode": cfg.mode, "steps": cfg.max_steps, "resumed_from": result.start_step,
             "train_seconds": round(result.seconds, 1), "trainable_params": n_trainable,
             "head_top1": [r[0] for r in res["topk"]], "head_top5": [r[min(4, cfg.eval_top_k - 1)] for r in res["topk"]],
-            "head_agreement": [r[0] for r in res["agree_topk"]], "heldout_head_loss": res["head_loss"],
+            "head_agreement": [r[0] for r in res["agree_topk"]], "head_follow_top1": res["follow_top1"],
+            "heldout_head_loss": res["head_loss"],
             "initial_heldout_head_loss": initial["head_loss"] if initial else None,
             "heldout_target_loss": res["target_loss"],
             "tree_size": len(choices), "expected_accepted": expected_accepted(choices, res["agree_per_rank"]),
@@ -333,7 +355,7 @@ def main(argv=None):
     return {**report, "history": result.history}
 
 
-__all__ = ["MedusaConfig", "main", "evaluate_heads", "head_losses", "head_outputs", "kl_to_reference"]
+__all__ = ["MedusaConfig", "main", "evaluate_heads", "following_run", "head_losses", "head_outputs", "kl_to_reference"]
 
 if __name__ == "__main__":
     cli(main)
