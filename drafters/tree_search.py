@@ -2,8 +2,9 @@
 
 EAGLE-2's dynamic tree: start from the root's top_k children; at each depth
 expand the top_k frontier nodes by cumulative draft log-probability (one draft
-forward for the whole frontier), then keep the best `max_nodes` nodes of
-everything seen. A chain is top_k = 1 (and may be sampled, giving q).
+forward for the whole frontier), then keep the first-ranked chain (the best
+child at every level) and the best of everything else seen by score, `max_nodes`
+in all. A chain is top_k = 1 (and may be sampled, giving q).
 Both trees stop expanding paths whose draft probability is below the budget's
 `min_path_prob`.
 
@@ -250,10 +251,27 @@ def sampled_search(root_logits: torch.Tensor, depth: int, top_k: int, max_nodes:
                                 dev, q=q, draws=WITHOUT_REPLACEMENT, extra=[row[i] for i in flat])
 
 
+def first_ranked_chain(pars, scores) -> list[int]:
+    """Node ids of the path that takes the best-scored child at every level (the chain the drafter drafts)."""
+    children: dict[int, list[int]] = {}
+    for i, p in enumerate(pars):
+        children.setdefault(p, []).append(i)
+    chain, at = [], -1
+    while at in children:
+        at = max(children[at], key=lambda i: scores[i])
+        chain.append(at)
+    return chain
+
+
 def _select(toks, pars, scores, depths, run_order, total: int, device) -> DraftTree:
-    """Best `total` nodes by score with every ancestor kept, in topological order."""
+    """The first-ranked chain (as deep as `total` allows), then the best nodes by score with every ancestor kept,
+    up to `total`, in topological order. Cumulative draft probabilities alone would drop the chain's deep nodes for
+    siblings near the root (a product of four 0.6s ranks below a 0.2 sibling), where the verifier passes the chain
+    far more often: measured on code with the EAGLE-2 draft, the tree's depth-4 acceptance was 0.21 against its own
+    chain's 0.56, and the tree committed fewer tokens per step than the chain. Keeping the chain makes a tree step
+    accept at least what a chain step of the same depth would."""
+    keep: set[int] = set(first_ranked_chain(pars, scores)[:total])
     order = sorted(range(len(toks)), key=lambda i: (-scores[i], depths[i]))
-    keep: set[int] = set()
     for i in order:
         if len(keep) >= total:
             break

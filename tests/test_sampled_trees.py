@@ -13,6 +13,7 @@ drafters, and that two wrong rules are caught by the same statistics:
 from __future__ import annotations
 
 import itertools
+import math
 
 import pytest
 import torch
@@ -348,3 +349,30 @@ def test_medusa_sampled_tree_is_successive_draws():
         assert len(set(first)) == 1
     greedy = drafter.propose(DecodeState(PROMPT, 3, Budget(2, 7), greedy=True)).validate(VE)
     assert greedy.q is None
+
+
+def test_a_greedy_tree_keeps_its_first_ranked_chain_where_cumulative_scores_would_drop_it():
+    """Every node's best child has probability 0.6 and the next 0.3: ranked by cumulative probability alone, the
+    root's second child (0.3) beats the chain's third node (0.216), and a 5-node, depth-4 tree would stop the chain
+    at depth 2. The tree keeps the chain the drafter would draft to depth 4, then spends what is left by score."""
+    from draftkit.drafters.tree_search import topk_search
+
+    V = 10
+    base = torch.full((V,), 0.1 / (V - 2)).log()
+
+    def logits_for(depth_row):  # token (d + 1) % V is the best child at depth d, token (d + 5) % V the second
+        out = base.clone()
+        out[(depth_row + 1) % V], out[(depth_row + 5) % V] = math.log(0.6), math.log(0.3)
+        return out
+
+    def forward(tokens, parent_rows, block, depths):
+        return torch.stack([logits_for(int(d)) for d in depths])
+
+    tree = run_search(topk_search(logits_for(0), depth=4, top_k=2, max_nodes=5), forward)
+    parents, tokens = tree.parents.tolist(), tree.tokens.tolist()
+    chain, at = [], -1
+    for want in (1, 2, 3, 4):  # the best child's token at each depth
+        at = next(i for i, (p, t) in enumerate(zip(parents, tokens)) if p == at and t == want)
+        chain.append(at)
+    assert len(chain) == 4 and len(tokens) == 5
+    assert 5 in [t for p, t in zip(parents, tokens) if p == -1]  # the fifth node: the root's second child
