@@ -4,7 +4,8 @@
 
 Each argument is a training run's output folder (its heldout_history.jsonl, written at every held-out
 evaluation) or a shipped drafter folder (the `scaling` list of its train_report.json). `--offset NAME=TOKENS`
-shifts a run that continued from an earlier draft by the tokens that draft had already seen.
+shifts a run that continued from an earlier draft by the tokens that draft had already seen. Runs of one drafter
+(the folder's last part: eagle2, draft, ...) share a color, so a continuation extends its drafter's curve.
 """
 from __future__ import annotations
 
@@ -77,10 +78,15 @@ def main(argv=None) -> int:
     import matplotlib.pyplot as plt
 
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
+    colors: dict[str, str] = {}  # one color per drafter (the folder's last part): its runs continue one another
     for name, (top1, tau) in curves(args.runs, offsets).items():
-        ax1.plot(*zip(*top1), marker="o", label=name)
+        drafter = name.split("/")[-1]
+        first = drafter not in colors
+        colors.setdefault(drafter, f"C{len(colors) % 10}")
+        style = dict(marker="o", color=colors[drafter], label=drafter if first else None)
+        ax1.plot(*zip(*top1), **style)
         if tau:
-            ax2.plot(*zip(*tau), marker="o", label=name)
+            ax2.plot(*zip(*tau), **style)
     ax1.set(xlabel="tokens trained on (M)", ylabel="held-out top-1 agreement with the target",
             title="draft top-1 (first step / head)")
     ax2.set(xlabel="tokens trained on (M)", ylabel="tau (fixed tree, held-out prompts)", title="mean accepted length")
