@@ -93,7 +93,8 @@ class MedusaConfig(TargetDataConfig):
 def head_outputs(heads, hidden: torch.Tensor, tokens: torch.Tensor, mask: torch.Tensor | None = None,
                  positions: float = 1.0):
     """Per head k: (logits (N, V), labels (N,)) pairing h_t with x_{t+k+2} where that token is trained on.
-    hidden (B, T, H), tokens (B, T), mask (B, T) bool: token t + 1 is trained on (None: all). positions < 1:
+    hidden (B, T, H), tokens (B, T) (or (B, T, L): L labels per position, paired alike, labels (N, L)), mask (B, T)
+    bool: token t + 1 is trained on (None: all). positions < 1:
     only that fraction of the positions t, drawn at random (the same for every head and row), is projected:
     an unbiased sample of the loss at a fraction of the cost."""
     T = tokens.shape[1]
@@ -110,7 +111,7 @@ def head_outputs(heads, hidden: torch.Tensor, tokens: torch.Tensor, mask: torch.
             keep = mask[:, t[valid] - 1]  # x_{t+k+2} is trained on
             out.append((lk[keep], yk[keep]))
         else:
-            out.append((lk.reshape(-1, logits.shape[-1]), yk.reshape(-1)))
+            out.append((lk.reshape(-1, logits.shape[-1]), yk.reshape(-1, *tokens.shape[2:])))
     return out
 
 
@@ -164,9 +165,9 @@ def evaluate_heads(target, heads, data, blocks: int, top_k: int = 10) -> dict:
         # (B, T): the target's prediction of token j at index j (index 0 keeps the text's token, never a label)
         predicted = torch.cat([batch[:, :1], out.logits[:, :-1].argmax(-1)], 1)
         run = following_run(predicted == batch)
-        pairs = zip(head_outputs(heads, hidden, batch), head_outputs(heads, hidden, predicted),
-                    head_outputs(heads, hidden, run))
-        for k, ((logits, labels), (_, agreed), (_, followed)) in enumerate(pairs):
+        # one heads forward, three labels per position: the text's token, the target's, the run before it
+        for k, (logits, paired) in enumerate(head_outputs(heads, hidden, torch.stack([batch, predicted, run], -1))):
+            labels, agreed, followed = paired.unbind(-1)
             loss_sum[k] += F.cross_entropy(logits.float(), labels, reduction="sum").item()
             counts[k] += labels.numel()
             guesses = logits.topk(top_k, -1).indices
