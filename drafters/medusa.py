@@ -125,8 +125,9 @@ class MedusaHeads(nn.Module):
             raise RuntimeError("MedusaHeads(share_lm_head=True) needs attach_lm_head(target.get_output_embeddings())")
         return lm[0](x.to(lm[0].weight.dtype))
 
-    def forward(self, h: torch.Tensor) -> torch.Tensor:
-        return torch.stack([self.head_logits(k, h) for k in range(self.num_heads)])
+    def forward(self, h: torch.Tensor, num_heads: int | None = None) -> torch.Tensor:
+        """(n, ..., V) logits of the first n = num_heads (default: all) heads; a shallow tree runs fewer."""
+        return torch.stack([self.head_logits(k, h) for k in range(num_heads or self.num_heads)])
 
 
 # ----------------------------------------------------------------------------- tree choices
@@ -273,27 +274,51 @@ class MedusaDrafter:
 
     @torch.no_grad()
     def propose(self, state: DecodeState) -> DraftTree:
-        device = state.tokens.device
+        depth = self.wants(state)
+        if not depth:
+            return DraftTree.empty(state.tokens.device)
+        return self.tree(self.heads(self.hidden_on_heads()[None], depth)[:, 0], state)
+
+    def wants(self, state: DecodeState) -> int:
+        """How many heads this step's tree needs (0: no tree)."""
         max_depth = min(self.heads.num_heads, state.budget.max_depth)
         if self.hidden is None or max_depth < 1 or not self.tree_choices:
-            return DraftTree.empty(device)
-        head, rank, parents = self._layout(max_depth, state.budget.max_nodes)
-        if not len(head):
-            return DraftTree.empty(device)
+            return 0
+        head = self._layout(max_depth, state.budget.max_nodes)[0]
+        return 1 + int(head.max()) if len(head) else 0
+
+    def hidden_on_heads(self) -> torch.Tensor:
+        """(H,) the root's hidden state, on the heads' device and in their dtype."""
         p = next(self.heads.parameters(), None)
-        h = self.hidden.to(p.device, p.dtype) if p is not None else self.hidden
-        logits = self.heads(h[None])[:, 0]  # (num_heads, V)
+        return self.hidden.to(p.device, p.dtype) if p is not None else self.hidden
+
+    def tree(self, logits: torch.Tensor, state: DecodeState) -> DraftTree:
+        """The step's tree from the heads' logits (at least `wants(state)` heads, (n, V))."""
+        device = state.tokens.device
+        head, rank, parents = self._layout(min(self.heads.num_heads, state.budget.max_depth), state.budget.max_nodes)
         if not state.greedy and sampled_trees_enabled():
             return self._sampled(logits, head, parents, state.temperature, device, self.sampling or state.sampling,
                                  state.generator)
-        top = logits.topk(self.top_k, dim=-1).indices  # (num_heads, top_k), stays on the device
-        key = (max_depth, state.budget.max_nodes, top.device)
+        top = logits.topk(self.top_k, dim=-1).indices  # (n, top_k), stays on the device
+        key = (min(self.heads.num_heads, state.budget.max_depth), state.budget.max_nodes, top.device)
         if key not in self._on_device:
             self._on_device[key] = (head.to(top.device), rank.to(top.device))
         tokens = top[self._on_device[key]].to(device)
         tree = DraftTree(tokens, torch.tensor(parents))  # the topology stays on the host
         tree._parents = parents  # the topology is known on the host: validation reads nothing back
         return tree
+
+    def lane(self) -> "MedusaDrafter":
+        """A drafter for another lane of a batch: the same heads (shared, so the lanes run them together) and
+        tree, a state of its own."""
+        return MedusaDrafter(self.target, self.heads, self.tree_choices, self.accuracies, self.sampling)
+
+    @classmethod
+    def draft_lanes(cls, drafters: list):
+        """The lanes of a batch running their heads together (drafters/medusa_lanes.py), when they share them."""
+        from draftkit.drafters.medusa_lanes import MedusaLanes
+
+        return MedusaLanes(drafters) if all(d.heads is drafters[0].heads for d in drafters) else None
 
     def _sampled(self, logits, head, parents, temperature: float, device, sampling=None, gen=None) -> DraftTree:
         """The layout's tree with rank r of a slot's children = the r-th draw without replacement from

@@ -1,20 +1,24 @@
 """The drafters of a batch's lanes drafting together (drafters/lanes.py: EAGLE, P-EAGLE and standalone;
-drafters/dflash_lanes.py: DFlash): the same trees and draft caches as alone, lossless batches, and each drafter
+drafters/dflash_lanes.py: DFlash; drafters/medusa_lanes.py: Medusa): the same trees and draft caches as alone, lossless batches, and each drafter
 back on its own after its batch."""
 import pytest
 import torch
 
 from tests.models import tiny_model
 from tests.test_eagle import _exact_joint, oracle_draft, tiny_target
+from tests.test_medusa import random_heads
 from draftkit.drafters.dflash import DFlashDrafter, make_dflash_draft
 from draftkit.drafters.dflash_lanes import DFlashLanes
 from draftkit.drafters.eagle import EagleDraftModel, EagleDrafter
 from draftkit.drafters.eagle_lanes import PEagleLanes
 from draftkit.drafters.lanes import DraftLanes
+from draftkit.drafters.medusa import MedusaDrafter, build_tree_choices, default_accuracies
+from draftkit.drafters.medusa_lanes import MedusaLanes
 from draftkit.drafters.peagle import PEagleDrafter, make_peagle_draft
 from draftkit.drafters.standalone import StandaloneDrafter
 from draftkit.verify.accept import Sampling
-from draftkit.verify.contract import NoDrafter, lane_groups
+from draftkit.verify.contract import Budget, NoDrafter, lane_groups
+from draftkit.verify.budget import FixedBudget
 from draftkit.verify.decode import generate
 from draftkit.verify.packed import generate_packed
 
@@ -23,7 +27,8 @@ torch.set_num_threads(1)
 PROMPTS = [torch.tensor([5]), torch.tensor([3, 17, 42, 8, 8, 61, 0, 9]), torch.arange(20) % 7 + 30,
            torch.tensor([11, 2, 2, 40])]
 KINDS = ["eagle-tree", "eagle-chain", "eagle3-tree", "standalone-tree", "standalone-chain", "dflash-tree",
-         "dflash-chain", "peagle-tree", "peagle-chain"]
+         "dflash-chain", "peagle-tree", "peagle-chain", "medusa-tree", "medusa-chain"]
+CLASSES = {"standalone": StandaloneDrafter, "dflash": DFlashDrafter, "peagle": PEagleDrafter, "medusa": MedusaDrafter}
 
 
 @pytest.fixture(scope="module")
@@ -39,6 +44,10 @@ def lanes_of(kind: str, target, n: int, draft=None, **flags) -> list:
         first = StandaloneDrafter(draft if draft is not None else tiny_model("llama", seed=5), **flags)
     elif kind.startswith("peagle"):
         first = PEagleDrafter(target, draft if draft is not None else make_peagle_draft(target, [1, 2, 3], 5), **flags)
+    elif kind.startswith("medusa"):  # heads of three levels; a chain: rank 0 at every level
+        paths = [(0,) * d for d in range(1, 4)] if kind.endswith("chain") else build_tree_choices(
+            default_accuracies(3), flags["max_nodes"])
+        first = MedusaDrafter(target, draft if draft is not None else random_heads(target), paths)
     elif kind.startswith("dflash"):
         draft = draft if draft is not None else make_dflash_draft(target, block_size=6, mask_token_id=5)
         first = DFlashDrafter(target, draft, **flags)
@@ -59,7 +68,8 @@ def record_trees(monkeypatch, cls, grouped: bool) -> dict:
         bank = bank.clone() if bank is not None and len(tree) else None
         seen.setdefault(id(d), []).append((tree.host_tokens, tree.host_parents, bank))
     if grouped:
-        group_cls = {DFlashDrafter: DFlashLanes, PEagleDrafter: PEagleLanes}.get(cls, DraftLanes)
+        group_cls = {DFlashDrafter: DFlashLanes, PEagleDrafter: PEagleLanes, MedusaDrafter: MedusaLanes}.get(
+            cls, DraftLanes)
         original = group_cls.propose
 
         def propose(self, states):
@@ -86,21 +96,21 @@ def test_lanes_draft_the_trees_and_caches_each_lane_drafts_alone(target2, kind, 
     """Every tree each lane proposes, and the draft's cached keys (a wrong position or mask moves them even where
     it flips no token), equal what the lane's drafter computes alone."""
     trees, keys = {}, {}
-    cls = {"standalone": StandaloneDrafter, "dflash": DFlashDrafter, "peagle": PEagleDrafter}.get(kind.split("-")[0],
-                                                                                                EagleDrafter)
+    cls = CLASSES.get(kind.split("-")[0], EagleDrafter)
     for grouped in (False, True):
         with monkeypatch.context() as m:
             seen = record_trees(m, cls, grouped)
             drafters = lanes_of(kind, target2, len(PROMPTS))
             generate_packed(target2, PROMPTS, drafters, max_new_tokens=13, eos_token_id=[], budget="fixed")
             trees[grouped] = [seen[id(d)] for d in drafters]
-            keys[grouped] = [cached_keys(d.cache, r if grouped else 0) for r, d in enumerate(drafters)]
+            if not kind.startswith("medusa"):  # Medusa keeps no draft cache
+                keys[grouped] = [cached_keys(d.cache, r if grouped else 0) for r, d in enumerate(drafters)]
     for alone, together in zip(trees[False], trees[True]):
         assert [t[:2] for t in together] == [t[:2] for t in alone]
         for (_, _, a), (_, _, b) in zip(alone, together):
             assert (a is None) == (b is None) and (a is None or torch.allclose(a, b, atol=1e-5))
     assert sum(len(t) for lane in trees[True] for t, _, _ in lane) > 0
-    for a, b in zip(keys[False], keys[True]):
+    for a, b in zip(keys.get(False, []), keys.get(True, [])):
         n = min(a.shape[-2], b.shape[-2])  # a group commits the last step's kept entries when it next drafts
         assert n > 5
         assert torch.allclose(a[..., :n, :], b[..., :n, :], atol=1e-5)
@@ -115,7 +125,8 @@ def cached_keys(cache, row: int) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("budget", ["fixed", "auto"])
-@pytest.mark.parametrize("kind", ["eagle-tree", "eagle-chain", "standalone-tree", "dflash-tree", "peagle-tree"])
+@pytest.mark.parametrize("kind", ["eagle-tree", "eagle-chain", "standalone-tree", "dflash-tree", "peagle-tree",
+                                  "medusa-tree"])
 def test_batched_lanes_decode_what_plain_batches_decode(budget, kind):
     """Oracle drafts (accepted deep; DFlash and P-EAGLE: random ones): every batch's output is plain batched
     decoding's, at lengths that end mid-draft."""
@@ -171,7 +182,7 @@ def test_only_drafters_of_one_draft_and_settings_draft_together(target2):
     assert sorted(idx for idx, _ in groups) == [[0, 3, 4], [2, 5]]
 
 
-@pytest.mark.parametrize("kind", ["eagle-tree", "standalone-tree", "dflash-tree", "peagle-tree"])
+@pytest.mark.parametrize("kind", ["eagle-tree", "standalone-tree", "dflash-tree", "peagle-tree", "medusa-tree"])
 def test_sampled_lanes_are_lossless(kind):
     """Four lanes of one prompt, sampled at temperature 1: the 2nd and 3rd tokens of every lane (decided by one
     depth-2 tree drafted with the other lanes' in one forward per level) follow the target's exact joint."""
@@ -198,3 +209,20 @@ def test_seeded_sampled_lanes_reproduce(target2):
                               budget="fixed", logprobs=False)
         return [o.tokens.tolist() for o in out.outputs]
     assert run(3) == run(3) and run(3) != run(4)
+
+
+def test_medusa_lanes_run_their_heads_once_a_step_and_only_the_heads_their_trees_need(target2, monkeypatch):
+    from draftkit.drafters.medusa import MedusaHeads
+
+    calls = []
+    original = MedusaHeads.forward
+    monkeypatch.setattr(MedusaHeads, "forward", lambda self, h, n=None: calls.append((h.shape[0], n)) or original(
+        self, h, n))
+    drafters = lanes_of("medusa-tree", target2, len(PROMPTS))
+    out = generate_packed(target2, PROMPTS, drafters, 9, eos_token_id=[], budget="fixed", logprobs=False)
+    steps = len(out.outputs[0].stats.decode_steps)
+    assert 1 <= len(calls) <= steps and calls[0][0] == len(PROMPTS)  # one call for every drafting lane
+    calls.clear()  # a depth-1 tree runs one head of three
+    lone = lanes_of("medusa-tree", target2, 1)[0]
+    generate(target2, PROMPTS[1], lone, max_new_tokens=6, eos_token_id=[], budget=FixedBudget(Budget(1, 4)))
+    assert calls and all(n == 1 for _, n in calls)
