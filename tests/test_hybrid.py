@@ -132,6 +132,20 @@ def test_floor_and_cap_keep_the_likeliest_nodes():
     assert sorted(probe.host_tokens) == [1, 2, 3, 4, 7, 8]
 
 
+def test_a_slots_draws_are_tested_likeliest_member_first():
+    """Under sampling a later member is tested against what the earlier ones left of p: the member likeliest to
+    pass at a depth goes first there, each member's draws together and in their own order."""
+    merged = merge_trees(member_trees(torch.Generator().manual_seed(0)), BY_DEPTH, 0.0, 64).validate(V)
+    for slot, cell in enumerate(merged.extra.slot_draws):
+        members = [d.member for d, _ in cell]
+        want = sorted(members, reverse=slot == 0)  # depth 1: member 2 is likeliest; deeper: member 0
+        assert members == want, (slot, members)
+        for m in set(members):
+            ranks = [d.rank for d, _ in cell if d.member == m]
+            assert ranks == sorted(ranks)
+    assert [d.member for d, _ in merged.extra.slot_draws[0]][0] == 2
+
+
 class Wrong:
     """A member that always proposes a token the target does not pick next (it knows the plain output)."""
 
@@ -170,6 +184,35 @@ def test_a_member_that_is_always_wrong_gets_no_nodes_and_is_skipped():
     assert later and sum(n > 0 for n in later) <= len(later) // 4  # then only the odd probe
     assert wrong.asked < len(trees) // 2  # skipped, not merely cut: its drafting cost is saved
     assert hybrid.member_accepted["wrong"] == 0 and hybrid.member_accepted["suffix"] > 0
+
+
+class Fixed:
+    """Always the same chain."""
+
+    def __init__(self, tokens):
+        self.tokens = tokens
+
+    def reset(self, prompt):
+        pass
+
+    def propose(self, state):
+        return DraftTree.chain(self.tokens[:state.budget.max_depth])
+
+    def update(self, result):
+        pass
+
+
+def test_the_merged_tree_is_cut_at_the_steps_own_floor_or_min_chance():
+    """The controller's floor (Budget.min_path_prob: a node's verify cost in accepted tokens) cuts the merged tree
+    like any drafter's; with none (a fixed budget) only `min_chance` does."""
+    hybrid = HybridDrafter([("a", Fixed([1, 2, 3, 4])), ("b", Fixed([5, 6]))], min_chance=0.01, skip=False)
+    state = lambda floor: DecodeState(torch.tensor([0, 9]), 1, Budget(4, 8, min_path_prob=floor),  # noqa: E731
+                                      greedy=True)
+    reach = [0.5 ** d for d in range(1, 5)]  # the calibration's prior: each level passes half the time
+    for floor, depth in ((0.0, 4), (0.2, 2), (0.1, 3)):
+        tree = hybrid.propose(state(floor))
+        assert sorted(tree.host_tokens) == sorted([1, 2, 3, 4][:depth] + [5, 6][:depth]), floor
+        assert all(r >= floor for r in reach[:depth])
 
 
 def test_members_learn_as_if_alone():
@@ -213,8 +256,13 @@ def first_draw_only(tree: DraftTree) -> None:
     tree.sibling_draws = SiblingDraws(order, sd.q, sd.without_replacement)
 
 
-def merged_first_two(gen, wrong=False):
-    tree = merge_trees(member_trees(gen), lambda m, d, r: 0.5, 0.0, 64).validate(V)
+EVEN = lambda m, d, r: 0.5  # noqa: E731
+# the members tested in reverse order at the root and in their own order below it (likeliest first)
+BY_DEPTH = lambda m, d, r: (0.3, 0.6, 0.9)[m] / (1 + r) if d == 1 else (0.9, 0.6, 0.3)[m] / (1 + r)  # noqa: E731
+
+
+def merged_first_two(gen, wrong=False, chance=EVEN):
+    tree = merge_trees(member_trees(gen), chance, 0.0, 64).validate(V)
     if wrong:
         first_draw_only(tree)
     return first_two(tree, gen)
@@ -229,8 +277,9 @@ def merged_counts(n, seed, **kw):
     return counts
 
 
-def test_heterogeneous_merged_trees_follow_the_target():
-    counts = merged_counts(4000, seed=3)
+@pytest.mark.parametrize("chance", [EVEN, BY_DEPTH], ids=["member-order", "likeliest-first"])
+def test_heterogeneous_merged_trees_follow_the_target(chance):
+    counts = merged_counts(4000, seed=3, chance=chance)
     assert chi2_pvalue(counts, EXACT12) > P_OK, tv(counts, EXACT12)
 
 
