@@ -13,7 +13,7 @@ row, and `propose` runs the heads on it. The draft is a fixed sparse tree of hea
 top-k choices ("medusa choices"): paths such as (0,), (1,), (0, 0) meaning
 "head 0's best token, then head 1's best token below it". The choices are built
 greedily from per-head top-k accuracies measured on held-out data
-(`build_tree_choices`) and saved beside the heads. Greedy proposals are
+(`build_tree_choices`, drafters/medusa_tree.py) and saved beside the heads. Greedy proposals are
 deterministic (q is None). Under sampling, each head's candidates are drawn from
 q = softmax(head logits / T) without replacement (Gumbel-top-k) and rank r means
 the r-th draw: the children of every slot are then the first draws of their head's
@@ -34,7 +34,6 @@ plain greedy decoding of the fine-tuned (merged) target, not of the original.
 """
 from __future__ import annotations
 
-import heapq
 import json
 import os
 import warnings
@@ -42,6 +41,8 @@ import warnings
 import torch
 from torch import nn
 
+from draftkit.drafters.medusa_tree import (build_tree_choices, check_tree_choices, default_accuracies,
+                                           expected_accepted, path_value)
 from draftkit.drafters.tree_search import draft_probs, generator_on, gumbel_order, sampled_trees_enabled
 from draftkit.verify.contract import WITHOUT_REPLACEMENT, Budget, DecodeState, DraftTree, StepResult
 
@@ -51,7 +52,6 @@ TREE_NAME = "tree.json"
 ADAPTER_CONFIG_NAME = "adapter_config.json"
 MODEL_TYPE = "draftkit-medusa"
 
-TreeChoices = list[tuple[int, ...]]
 
 
 # ----------------------------------------------------------------------------- heads
@@ -128,78 +128,6 @@ class MedusaHeads(nn.Module):
     def forward(self, h: torch.Tensor, num_heads: int | None = None) -> torch.Tensor:
         """(n, ..., V) logits of the first n = num_heads (default: all) heads; a shallow tree runs fewer."""
         return torch.stack([self.head_logits(k, h) for k in range(num_heads or self.num_heads)])
-
-
-# ----------------------------------------------------------------------------- tree choices
-
-
-def check_tree_choices(choices, num_heads: int | None = None, max_rank: int | None = None) -> TreeChoices:
-    """Normalise to a list of int tuples and check it is a tree: every path's parent present, no repeats."""
-    out: TreeChoices = []
-    for c in choices:
-        path = tuple(int(r) for r in c)
-        if not path:
-            raise ValueError("a Medusa tree choice must be a non-empty path of top-k ranks, got ()")
-        if any(r < 0 for r in path):
-            raise ValueError(f"Medusa tree choice {path} has a negative rank")
-        if max_rank is not None and any(r >= max_rank for r in path):
-            raise ValueError(f"Medusa tree choice {path} uses rank >= {max_rank}")
-        if num_heads is not None and len(path) > num_heads:
-            raise ValueError(f"Medusa tree choice {path} is {len(path)} deep but there are only {num_heads} heads")
-        out.append(path)
-    seen = set(out)
-    if len(seen) != len(out):
-        raise ValueError("Medusa tree choices contain a repeated path")
-    for path in out:
-        if len(path) > 1 and path[:-1] not in seen:
-            raise ValueError(f"Medusa tree choice {path} has no parent {path[:-1]} in the tree")
-    return out
-
-
-def build_tree_choices(accuracies, tree_size: int) -> TreeChoices:
-    """Greedy Medusa tree from per-rank accuracies.
-
-    accuracies[k][r]: probability that head k's rank-r token is the right one (per rank, not
-    cumulative). A path's value is the product of accuracies along it (the chance the whole
-    path is accepted); the path with the highest value whose parent is already in the tree is
-    added until there are `tree_size` nodes. The sum of the values is the expected number of
-    accepted tokens. Returned in depth-first order, rank 0 first (the most likely branch first).
-    """
-    acc = [[float(a) for a in row] for row in accuracies]
-    if not acc or not all(acc):
-        raise ValueError("accuracies must be a non-empty (num_heads, top_k) table")
-    if tree_size < 0:
-        raise ValueError(f"tree_size must be >= 0, got {tree_size}")
-    heap = [(-acc[0][r], (r,)) for r in range(len(acc[0]))]
-    heapq.heapify(heap)
-    chosen: TreeChoices = []
-    while heap and len(chosen) < tree_size:
-        neg, path = heapq.heappop(heap)
-        chosen.append(path)
-        depth = len(path)
-        if depth < len(acc):
-            for r, a in enumerate(acc[depth]):
-                heapq.heappush(heap, (neg * a, path + (r,)))
-    return sorted(chosen)
-
-
-def path_value(path: tuple[int, ...], accuracies) -> float:
-    """Chance that the whole path is accepted: the product of its per-rank accuracies."""
-    v = 1.0
-    for depth, r in enumerate(path):
-        row = accuracies[depth]
-        v *= float(row[r]) if r < len(row) else 0.0
-    return v
-
-
-def expected_accepted(choices: TreeChoices, accuracies) -> float:
-    """Expected accepted draft tokens per step under the independence assumption of the tree builder."""
-    return sum(path_value(p, accuracies) for p in choices)
-
-
-def default_accuracies(num_heads: int, top_k: int = 10) -> list[list[float]]:
-    """A plausible accuracy profile for heads never measured (falls with depth and rank)."""
-    return [[0.6 * 0.75 ** k / (r + 1) ** 1.5 for r in range(top_k)] for k in range(num_heads)]
 
 
 # ----------------------------------------------------------------------------- drafter
@@ -470,6 +398,5 @@ def load_medusa(path: str, target, tree_size: int | None = None):
     return target, MedusaDrafter.from_pretrained(path, target, tree_size=tree_size)
 
 
-__all__ = ["ResBlock", "MedusaHeads", "MedusaDrafter", "build_tree_choices", "check_tree_choices",
-           "expected_accepted", "default_accuracies", "save_medusa", "load_target_with_adapter", "load_medusa",
+__all__ = ["ResBlock", "MedusaHeads", "MedusaDrafter", "save_medusa", "load_target_with_adapter", "load_medusa",
            "has_adapter"]

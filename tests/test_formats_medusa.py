@@ -10,7 +10,8 @@ from transformers import LlamaForCausalLM
 
 import draftkit as dk
 from draftkit.drafters.formats import detect
-from draftkit.drafters.medusa import MedusaDrafter, MedusaHeads, build_tree_choices, default_accuracies, save_medusa
+from draftkit.drafters.medusa import MedusaDrafter, MedusaHeads, save_medusa
+from draftkit.drafters.medusa_tree import build_tree_choices, default_accuracies
 from draftkit.train.export import main as export_main
 from tests.formats_common import PROMPTS, generate, rand, tiny_target, write_folder
 

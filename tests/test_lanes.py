@@ -12,7 +12,8 @@ from draftkit.drafters.dflash_lanes import DFlashLanes
 from draftkit.drafters.eagle import EagleDraftModel, EagleDrafter
 from draftkit.drafters.eagle_lanes import PEagleLanes
 from draftkit.drafters.lanes import DraftLanes
-from draftkit.drafters.medusa import MedusaDrafter, build_tree_choices, default_accuracies
+from draftkit.drafters.medusa import MedusaDrafter
+from draftkit.drafters.medusa_tree import build_tree_choices, default_accuracies
 from draftkit.drafters.medusa_lanes import MedusaLanes
 from draftkit.drafters.peagle import PEagleDrafter, make_peagle_draft
 from draftkit.drafters.standalone import StandaloneDrafter

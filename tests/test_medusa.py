@@ -10,8 +10,8 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from draftkit.verify.contract import Budget, DecodeState, Drafter, StepResult
-from draftkit.drafters.medusa import (MedusaDrafter, MedusaHeads, build_tree_choices, check_tree_choices, default_accuracies,
-                             expected_accepted, has_adapter, load_medusa, load_target_with_adapter)
+from draftkit.drafters.medusa import MedusaDrafter, MedusaHeads, has_adapter, load_medusa, load_target_with_adapter
+from draftkit.drafters.medusa_tree import build_tree_choices, check_tree_choices, default_accuracies, expected_accepted
 from draftkit.train.medusa import head_losses
 from draftkit.train.medusa import main as train_main
 from draftkit.verify.accept import Sampling

@@ -35,7 +35,8 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
 
-from draftkit.drafters.medusa import MedusaHeads, build_tree_choices, expected_accepted, save_medusa  # noqa: E402
+from draftkit.drafters.medusa import MedusaHeads, save_medusa  # noqa: E402
+from draftkit.drafters.medusa_tree import build_tree_choices, expected_accepted  # noqa: E402
 from draftkit.train.config import TrainError, field, parse_config, resolve_model, shared  # noqa: E402
 from draftkit.train.loop import Loop, cli  # noqa: E402
 from draftkit.train.targetdata import TargetDataConfig, target_data  # noqa: E402
