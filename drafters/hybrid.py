@@ -18,7 +18,10 @@ Each step:
    controller's, which prices a node's verify cost, or `min_chance` when higher) are not verified; the rest
    are cut to the budget's node count, the likeliest kept. A fixed floor of 0.05 under a fixed budget cut
    EAGLE's deep and sibling draws that still passed: a suffix + EAGLE hybrid at temperature 0.8 committed
-   2.79 tokens a step on code against EAGLE alone's 3.07, and 3.23 with the floor at 0.005.
+   2.79 tokens a step on code against EAGLE alone's 3.07, and 3.23 with the floor at 0.005. Under sampling
+   the merged tree is cut at `min_chance` alone: every member has pruned its own tree at the step's floor
+   with its own q (each node's, finer than the calibration's per-depth chance), and cutting again at the
+   step's floor left the hybrid 0.14-0.22 tokens a step behind EAGLE alone on copy and prose.
 3. update: the calibration learns, per member, which of its draws were accepted at the slots the
    walk reached; accepted tokens are credited to the members that proposed them (split evenly when
    several did: `member_accepted`, which compare.py reports as shares). Every member is then told
@@ -220,6 +223,9 @@ class HybridDrafter:
         budget = state.budget
         floor = max(self.min_chance, budget.min_path_prob)  # the controller's floor prices a node's verify cost
         asked = self._asked(floor)
+        # sampled: each member already pruned its tree at the step's floor with its own q, node by node; cutting it
+        # again by coarse per-member chances (by depth and rank) dropped draws that passed
+        cut = floor if state.greedy else self.min_chance
         shares = self._shares(asked, budget, state.greedy)
         trees: list[DraftTree | None] = [None] * len(self.members)
         for i, m in enumerate(self.members):
@@ -236,7 +242,7 @@ class HybridDrafter:
                 tree = DraftTree.empty(state.tokens.device).validate()  # a member that ignored its budget
             trees[i] = tree
         keep_all = {i for i, m in enumerate(self.members) if m.probe}
-        return merge_trees(trees, self.calibration.chance, floor, budget.max_nodes, keep_all, state.tokens.device)
+        return merge_trees(trees, self.calibration.chance, cut, budget.max_nodes, keep_all, state.tokens.device)
 
     # --- learning ----------------------------------------------------------------------------
     def _calibrate(self, info: MergedTree, accepted: list[int]) -> dict[int, float]:

@@ -215,6 +215,17 @@ def test_the_merged_tree_is_cut_at_the_steps_own_floor_or_min_chance():
         assert all(r >= floor for r in reach[:depth])
 
 
+def test_a_sampled_merged_tree_is_cut_at_min_chance_alone():
+    """Under sampling each member pruned its own tree at the step's floor with its own q: the merge cuts at
+    `min_chance` only, so a's third level (calibrated reach 0.125) stays under a step's floor of 0.2."""
+    def tokens(min_chance):
+        hybrid = HybridDrafter([("a", Fixed([1, 2, 3, 4])), ("b", Fixed([5, 6]))], min_chance=min_chance, skip=False)
+        state = DecodeState(torch.tensor([0, 9]), 1, Budget(4, 8, min_path_prob=0.2), greedy=False)
+        return set(hybrid.propose(state).host_tokens)
+    assert {1, 2, 3} <= tokens(0.01)
+    assert 3 not in tokens(0.2) and {1, 2} <= tokens(0.2)
+
+
 def test_members_learn_as_if_alone():
     """Suffix learns the output; EAGLE keeps getting its hidden states, so both still draft after a cut."""
     target = tiny_model("llama", seed=2)
