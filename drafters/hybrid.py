@@ -181,12 +181,18 @@ class HybridDrafter:
         by score). Sampling: shares fixed before drafting, node by node to the member whose next node adds the most
         expected accepted tokens (`_node_values`); a member on probe gets one node first. Shares in proportion to
         the members' gains gave a member accepted 4% of the time a node of every step, taken from the chain of
-        one accepted 70% of the time (suffix beside EAGLE on code at T = 0.8)."""
+        one accepted 70% of the time (suffix beside EAGLE on code at T = 0.8). A member's nodes count only when the
+        members tried before it at the root (tree_merge.py's order) failed there: valued as if alone, suffix's
+        first node (calibrated 0.6-0.7 after a run of matches) outbid EAGLE's second level, and a chain step of two
+        levels became two level-1 siblings, one of each member."""
         room = {m.name: self._room(m, budget) for m in asked}
         if greedy:
             return {m.name: room[m.name][1] for m in asked}
         out = {m.name: min(int(m.probe), room[m.name][1]) for m in asked}
-        value = {m.name: self._node_values(m, room[m.name][1], room[m.name][0]) for m in asked}
+        value, missed = {}, 1.0  # missed: the chance that the members tried before m at the root all failed there
+        for m in sorted(asked, key=lambda m: -self.calibration.chance(self.members.index(m), 1, 0)):  # as merged
+            value[m.name] = [v * missed for v in self._node_values(m, room[m.name][1], room[m.name][0])]
+            missed *= 1.0 - self.calibration.chance(self.members.index(m), 1, 0)
         for _ in range(budget.max_nodes - sum(out.values())):
             open_ = [m for m in asked if out[m.name] < len(value[m.name])]
             if not open_:

@@ -65,8 +65,9 @@ class HybridSettings(BudgetSettings):
     max_depth: int = _knob(12, "most levels of the merged tree per step (each member keeps its own cap too)")
     max_nodes: int = _knob(24, "most nodes of the merged tree per step (each member keeps its own cap too)")
     members: str = _knob("suffix,eagle", "comma list of the drafters whose trees it merges, two or more")
-    min_chance: float = _knob(0.01, "nodes whose calibrated chance of being reached is below this (or below the "
-                                    "step's own floor, when the controller gives one) are not verified, in [0, 1)")
+    min_chance: float = _knob(0.01, "nodes whose calibrated chance of being reached is below this (greedy: or "
+                                    "below the step's own floor, when the controller gives one) are not verified, "
+                                    "in [0, 1)")
     probe_every: int = _knob(8, "steps a member that does not pay waits before it is asked again "
                                 "(doubling up to 16)")
 

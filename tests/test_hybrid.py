@@ -357,3 +357,17 @@ def test_sampled_shares_go_to_the_member_whose_next_node_adds_most():
     assert hybrid._shares([a, b], Budget(4, 4), greedy=False)["a"] == 2
     assert hybrid._shares([a, b], Budget(4, 4), greedy=True) == {"a": 2, "b": 4}
     assert hybrid._shares([a, b], Budget(4, 8), greedy=True) == {"a": 8, "b": 8}
+
+
+def test_a_sampled_share_counts_only_where_the_members_tried_first_failed():
+    """b's first node (0.7 alone) sits beside a's at the root and passes only when a's failed (0.3 of the time):
+    0.7 * 0.3 = 0.21, below a's second level (0.8^2 = 0.64), so a chain step of two levels stays a's chain."""
+    hybrid = HybridDrafter([("a", SuffixDrafter()), ("b", SuffixDrafter())], max_depth=4, max_nodes=8)
+    cal = hybrid.calibration
+    for d in range(4):
+        cal.reached[0][d][0], cal.passed[0][d][0] = 100.0, 80.0
+        cal.reached[1][d][0], cal.passed[1][d][0] = 100.0, 70.0
+    a, b = hybrid.members
+    assert hybrid._shares([a, b], Budget(2, 2), greedy=False) == {"a": 2, "b": 0}
+    assert hybrid._shares([a, b], Budget(4, 4), greedy=False) == {"a": 4, "b": 0}  # 0.21 < 0.8^4 = 0.41
+    assert hybrid._shares([a, b], Budget(4, 5), greedy=False)["b"] == 1  # past a's chain: b's 0.21 is the best
