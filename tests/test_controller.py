@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from tests.models import ARCHS, tiny_model
+from tests.test_packed import tv_bound
 from draftkit.verify.accept import Sampling
 from draftkit.verify.contract import Budget, DraftTree
 from draftkit.verify.controller import AcceptanceModel, AutoBudget, CostProfile, seeds_best_k, seeds_speedup
@@ -156,8 +157,8 @@ def test_auto_budget_keeps_sampling_exact():
                        seed=i)
         a, b = out.tokens.tolist()[:2]  # the second one went through a drafted step
         counts[a * V + b] += 1
-    tv = 0.5 * (counts / n - exact).abs().sum()
-    assert tv < 0.08, tv
+    tv = 0.5 * (counts / n - exact).abs().sum().item()
+    assert tv < tv_bound(exact, n), tv  # a fixed 0.08 sat at the noise of 1,500 draws over 64 pairs
 
 
 def _stubbed_profiles(monkeypatch, profile):
@@ -280,6 +281,19 @@ def test_levels_never_tried_are_no_better_than_the_level_above():
     assert 1 + sum(m.reach()) < 1.3
     fresh = AcceptanceModel(8).rates()
     assert fresh == pytest.approx([0.8] * 8)  # a new drafter still starts optimistic
+
+
+def test_the_prior_fades_with_the_evidence():
+    """A drafter whose level 1 passes 2% of the time is estimated near 2% once it has been tried a few hundred
+    times: a prior that kept its weight (2 against at most 33 remembered steps) held the estimate at 4.6% or more,
+    enough to keep an n-gram drafter drafting a node a step at a loss under sampling."""
+    m = AcceptanceModel(4)
+    for i in range(300):
+        m.observe(depth=1, accepted=int(i % 50 == 0))
+    assert m.rates()[0] < 0.03
+    few = AcceptanceModel(4)
+    few.observe(depth=1, accepted=0)
+    assert few.rates()[0] > 0.5  # one failure does not yet outweigh the optimistic prior
 
 
 def test_an_idle_drafter_probes_with_one_level_of_two_nodes():

@@ -215,15 +215,29 @@ def test_the_merged_tree_is_cut_at_the_steps_own_floor_or_min_chance():
         assert all(r >= floor for r in reach[:depth])
 
 
+class FixedTree(Fixed):
+    """Always the same tree (tokens, parents)."""
+
+    def __init__(self, tokens, parents):
+        self.tokens, self.parents = tokens, parents
+
+    def propose(self, state):
+        return DraftTree.from_lists(self.tokens, self.parents, state.tokens.device)
+
+
 def test_a_sampled_merged_tree_is_cut_at_min_chance_alone():
     """Under sampling each member pruned its own tree at the step's floor with its own q: the merge cuts at
-    `min_chance` only, so a's third level (calibrated reach 0.125) stays under a step's floor of 0.2."""
+    `min_chance` only. a's rank-1 sibling at depth 2 (token 8; calibrated reach 0.9 * 0.25 = 0.225) stays under a
+    step's floor of 0.3, and goes when min_chance is above its reach."""
     def tokens(min_chance):
-        hybrid = HybridDrafter([("a", Fixed([1, 2, 3, 4])), ("b", Fixed([5, 6]))], min_chance=min_chance, skip=False)
-        state = DecodeState(torch.tensor([0, 9]), 1, Budget(4, 8, min_path_prob=0.2), greedy=False)
+        hybrid = HybridDrafter([("a", FixedTree([1, 2, 3, 8], [-1, 0, 1, 0])), ("b", Fixed([5, 6]))],
+                               min_chance=min_chance, skip=False)
+        for d in range(4):  # a's first-ranked draws pass 9 times in 10 at every level
+            hybrid.calibration.reached[0][d][0], hybrid.calibration.passed[0][d][0] = 1000.0, 900.0
+        state = DecodeState(torch.tensor([0, 9]), 1, Budget(4, 8, min_path_prob=0.3), greedy=False)
         return set(hybrid.propose(state).host_tokens)
-    assert {1, 2, 3} <= tokens(0.01)
-    assert 3 not in tokens(0.2) and {1, 2} <= tokens(0.2)
+    assert tokens(0.01) == {1, 2, 3, 8}
+    assert tokens(0.25) == {1, 2, 3}
 
 
 def test_members_learn_as_if_alone():
@@ -371,3 +385,18 @@ def test_a_sampled_share_counts_only_where_the_members_tried_first_failed():
     assert hybrid._shares([a, b], Budget(2, 2), greedy=False) == {"a": 2, "b": 0}
     assert hybrid._shares([a, b], Budget(4, 4), greedy=False) == {"a": 4, "b": 0}  # 0.21 < 0.8^4 = 0.41
     assert hybrid._shares([a, b], Budget(4, 5), greedy=False)["b"] == 1  # past a's chain: b's 0.21 is the best
+
+
+def test_a_sampled_node_worth_less_than_the_steps_floor_goes_to_nobody():
+    """Past a's chain the next nodes are worth 0.05 (a's level-1 sibling) and 0.01 (b's first node behind a's):
+    with the step's floor at 0.1 (a verify row's cost) they are not handed out; with no floor they are."""
+    hybrid = HybridDrafter([("a", SuffixDrafter()), ("b", SuffixDrafter())], max_depth=4, max_nodes=8)
+    cal = hybrid.calibration
+    for d in range(4):
+        cal.reached[0][d][0], cal.passed[0][d][0] = 100.0, 80.0
+        cal.reached[1][d][0], cal.passed[1][d][0] = 100.0, 5.0
+    a, b = hybrid.members
+    assert hybrid._shares([a, b], Budget(4, 6, min_path_prob=0.1), greedy=False) == {"a": 4, "b": 0}
+    assert sum(hybrid._shares([a, b], Budget(4, 6), greedy=False).values()) == 6
+    b.probe = True  # a probe still gets its node
+    assert hybrid._shares([a, b], Budget(4, 6, min_path_prob=0.1), greedy=False) == {"a": 4, "b": 1}
