@@ -340,6 +340,24 @@ def test_a_probe_s_catch_up_does_not_make_drafting_look_dearer():
     assert policy.draft_cost(1) > 0.002
 
 
+def test_an_idle_drafter_plans_again_only_after_a_drafted_step(monkeypatch):
+    """While the plan says depth 0 nothing it rests on changes until a probe drafts: the idle steps reuse it (each
+    plan costs a silent drafter about 1% of a plain step in Python), and the step after a probe plans afresh."""
+    profile = flat(0.0, plain_s=0.01)
+    policy = AutoBudget(None, Budget(1, 2), profile=profile, cache_profile=False)
+    policy.acceptance = AcceptanceModel(1, prior_rate=0.05, prior_weight=1e9)  # never pays: idles, probes
+    policy.draft_cost.observe(1, 0.001)
+    plans, plan = [], policy.plan
+    monkeypatch.setattr(policy, "plan", lambda *a, **k: plans.append(1) or plan(*a, **k))
+    probes = 0
+    for _ in range(100):
+        b = policy.budget(100)
+        probes += bool(b.max_depth)
+        policy.observe(StepStats(b.max_nodes, b.max_depth, 0, 1, 0.001 if b.max_depth else 0.0, profile.plain_s,
+                                 budget_depth=b.max_depth, budget_nodes=b.max_nodes), 100)
+    assert probes >= 3 and len(plans) == probes + 1  # the first step, then once after each probe
+
+
 def shaped_steps(policy, steps: int, first_pass: float, tree_pass: float, per_node: float, seed: int = 0,
                  overhead: float = 0.0):
     """Run a tree drafter's controller on simulated steps: each level passes with `tree_pass` when a tree was
