@@ -53,7 +53,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from draftkit.drafters.tree_merge import MergedTree, merge_trees
+from draftkit.drafters.tree_merge import MergedTree, merge_trees, tried_before
 from draftkit.verify.contract import Budget, DecodeState, DraftTree, StepResult
 
 RANKS = 4  # sibling ranks calibrated apart; later ranks share the last one's rate
@@ -193,9 +193,10 @@ class HybridDrafter:
             return {m.name: room[m.name][1] for m in asked}
         out = {m.name: min(int(m.probe), room[m.name][1]) for m in asked}
         value, missed = {}, 1.0  # missed: the chance that the members tried before m at the root all failed there
-        for m in sorted(asked, key=lambda m: -self.calibration.chance(self.members.index(m), 1, 0)):  # as merged
+        index = {m.name: self.members.index(m) for m in asked}
+        for m in sorted(asked, key=lambda m: tried_before(self.calibration.chance, index[m.name], 1)):
             value[m.name] = [v * missed for v in self._node_values(m, room[m.name][1], room[m.name][0])]
-            missed *= 1.0 - self.calibration.chance(self.members.index(m), 1, 0)
+            missed *= 1.0 - self.calibration.chance(index[m.name], 1, 0)
         for _ in range(budget.max_nodes - sum(out.values())):
             open_ = [m for m in asked if out[m.name] < len(value[m.name])]
             if not open_:

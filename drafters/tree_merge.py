@@ -154,11 +154,17 @@ def merge_trees(trees: list[DraftTree | None], chance: Callable[[int, int, int],
         slot = 0 if parents[old] < 0 else index[parents[old]] + 1
         info.slot_draws[slot] += [(d, new) for d in draws[old]]
     for cell in info.slot_draws:  # the verifier tests a slot's draws member by member, each in its own order
-        cell.sort(key=lambda dn: (-chance(dn[0].member, dn[0].depth, 0), dn[0].member, dn[0].rank))
+        cell.sort(key=lambda dn: (*tried_before(chance, dn[0].member, dn[0].depth), dn[0].rank))
     merged = DraftTree.from_lists([tokens[i] for i in flat], [index[parents[i]] if parents[i] >= 0 else -1
                                                               for i in flat], device, extra=info)
     merged.sibling_draws = sibling_draws(info, trees)
     return merged
+
+
+def tried_before(chance: Callable[[int, int, int], float], member: int, depth: int) -> tuple[float, int]:
+    """Sort key of the members' draws at a slot of that depth: the member likeliest to pass there first, ties in
+    member order (the module notes say why the order must come from the calibration alone)."""
+    return -chance(member, depth, 0), member
 
 
 def sibling_draws(info: MergedTree, trees: list[DraftTree | None]) -> SiblingDraws | None:

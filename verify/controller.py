@@ -99,9 +99,9 @@ class _Decayed:
 @dataclass
 class AcceptanceModel:
     """Per-depth pass rates r_d with a prior (prior_rate, prior_weight) and exponential forgetting. The prior's
-    weight is forgotten like the observations (each observation of a level multiplies it by `keep`): a fixed
-    weight of 2 against at most 1 / (1 - keep) = 33 remembered steps held every level-1 rate at 0.046 or more,
-    and an n-gram drafter that passed 2-4% of the time under sampling kept drafting a node a step at a loss
+    weight is forgotten like the observations (each observation of a level multiplies it by `keep`, so what is
+    left of it is 1 - reached * (1 - keep)): a fixed weight of 2 against at most 1 / (1 - keep) = 33 remembered
+    steps held every level-1 rate at 0.046 or more, and an n-gram drafter that passed 2-4% of the time under sampling kept drafting a node a step at a loss
     (lookahead on copy at temperature 0.8: a budget of 0.9 levels a step at tau 1.05, 0.92x)."""
 
     max_depth: int
@@ -110,12 +110,10 @@ class AcceptanceModel:
     keep: float = 0.97  # about 33 steps of memory
     reached: list = field(default_factory=list)
     passed: list = field(default_factory=list)
-    prior_left: list = field(default_factory=list)  # per level: the share of prior_weight not yet forgotten
 
     def __post_init__(self):
         self.reached = [_Decayed() for _ in range(self.max_depth)]
         self.passed = [_Decayed() for _ in range(self.max_depth)]
-        self.prior_left = [1.0] * self.max_depth
 
     def observe(self, depth: int, accepted: int) -> None:
         """A step drafted to `depth` and accepted `accepted` levels: levels 1..min(depth, accepted + 1)
@@ -123,7 +121,6 @@ class AcceptanceModel:
         for d in range(min(depth, accepted + 1, self.max_depth)):
             self.reached[d].add(1.0, self.keep)
             self.passed[d].add(1.0 if d < accepted else 0.0, self.keep)
-            self.prior_left[d] *= self.keep
 
     def rates(self) -> list[float]:
         """r_d per level. The prior of level 1 is prior_rate; that of a deeper level is the rate of the level
@@ -131,8 +128,8 @@ class AcceptanceModel:
         With a fixed prior, a drafter that fails at level 1 (an n-gram drafter under sampling: it is seldom
         tried deeper) kept imagined 0.8-rate levels below it, and so kept drafting at a loss."""
         prior, out = self.prior_rate, []
-        for p, r, left in zip(self.passed, self.reached, self.prior_left):
-            w = self.prior_weight * left
+        for p, r in zip(self.passed, self.reached):
+            w = self.prior_weight * max(0.0, 1.0 - r.value * (1.0 - self.keep))  # keep ** (observations of it)
             out.append((p.value + w * prior) / (r.value + w) if r.value + w > 0 else prior)
             prior = min(prior, out[-1])
         return out
