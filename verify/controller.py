@@ -41,7 +41,7 @@ drafted steps, so both stay measured; the depth is the model's, within the shape
 later siblings seldom pass (EAGLE on code at T = 0.8: the chain 13% faster than the tree), and in a batch
 every node is a row of a forward that is already many rows (the batch planner offers both shapes).
 
-When D* = 0 the drafter idles, and every `probe_every` plain steps (doubling up to 16 while probes
+When D* = 0 the drafter idles, and every `probe_every` plain steps (doubling up to 32 while probes
 keep losing) it drafts one level of at most two nodes to re-measure, so a method that starts paying on
 later text is picked up again while a silent one costs next to nothing. Within a step, `Budget.min_path_prob` tells a drafter with path
 confidences (EAGLE-2, standalone trees) to stop expanding paths whose draft probability is
@@ -57,7 +57,8 @@ from draftkit.verify.contract import Budget
 from draftkit.verify.cost_profile import CostProfile, context_bucket
 from draftkit.verify.stats import StepStats
 
-PROBE_WAIT_MAX = 16  # plain steps between probes at most, while probes keep losing
+PROBE_WAIT_MAX = 32  # plain steps between probes at most, while probes keep losing: a probe (one level, two
+# nodes) costs about a fifth of a plain step, so at one step in 17 a silent drafter paid 1.2% of plain decoding
 PROBE_NODES = 2  # nodes of a probe: level 1, the best two candidates
 PLAIN_FIRST = 4  # drafted steps before the first plain step is measured
 PLAIN_EVERY = 64  # drafted steps in a row before the plain step is measured again (a changing machine load)
