@@ -19,8 +19,8 @@ tok/s     generated tokens per second, median over the repeats
 speedup   tok/s over plain decoding's in the same repeat: median [min-max] over the repeats
 pred.     the cost model's speedup: committed tokens per step over the predicted step time, each step
           costing c(n) plain steps to verify its n nodes (the target's verify curve measured on this
-          machine, verify/controller.py) plus its measured drafting time; decoding steps only: tok/s
-          also pays the prompt's forward, alike for every method, so on short outputs speedup < pred.
+          machine, verify/controller.py) plus its measured drafting time; decoding steps only (tok/s
+          also pays the prompt's forward, alike for every method)
 budget    the mean budget the controller gave: draft depth / nodes per step (0/0: plain steps)
 K*        the seeds' best chain length for this row's alpha and phi (phi: drafting cost per depth over a
           plain step) if verifying were free: S(alpha, K, phi) = (1 - alpha^(K+1)) / ((1 - alpha)(K phi + 1))
