@@ -96,6 +96,20 @@ def test_unknown_recipe_key_is_an_error(tmp_path, capsys):
         load_recipe(str(bad), PretrainConfig)
 
 
+@pytest.mark.parametrize("argv, says", [
+    (["--max_step", "5"], "unrecognized argument: '--max_step' (did you mean --max_steps?)"),  # no abbreviations
+    (["--lr", "0.1", "stray"], "unrecognized argument: 'stray'"),
+    (["--conf", "x.yaml"], "unrecognized argument: '--conf' (did you mean --config?)"),
+])
+def test_unknown_flags_are_one_line_naming_the_nearest_flag(argv, says, capsys):
+    from draftkit.train.eagle import EagleTrainConfig
+
+    with pytest.raises(SystemExit) as exit_:
+        parse_config(EagleTrainConfig, argv)
+    err = capsys.readouterr().err.strip()
+    assert exit_.value.code == 2 and len(err.splitlines()) == 1 and says in err, err
+
+
 LAUNCH = [sys.executable, "train/launch.py", "--config_file", "recipes/accelerate/single.yaml"]
 
 

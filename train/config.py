@@ -139,7 +139,8 @@ def load_recipe(path: str, cls, ignore_unknown: bool = False) -> dict:
 def parse_config(cls, argv=None, description: str = "", prog: str | None = None, ignore_unknown: bool = False):
     """Build `cls` from --config YAML, then command-line overrides (argv: default sys.argv[1:]). `prog`: the
     script's name in messages (default: the running one's)."""
-    parser = RecipeParser(cls, prog=prog, description=description, formatter_class=_Formatter)
+    # no abbreviations: `--max_step 5` taken as --max_steps hides a typo; it is named below like any unknown flag
+    parser = RecipeParser(cls, prog=prog, description=description, formatter_class=_Formatter, allow_abbrev=False)
     parser.add_argument("--config", help="YAML recipe under recipes/ (its keys are the flags below; flags win)")
     pre, _ = _config_flag.parse_known_args(argv)
     if pre.config:
@@ -149,6 +150,9 @@ def parse_config(cls, argv=None, description: str = "", prog: str | None = None,
             parser.error(f"--config {pre.config}: no such file")
         except (OSError, ValueError, yaml.YAMLError) as err:
             parser.error(" ".join(str(err).split()))
+    _, unknown = parser.parse_known_args(argv)
+    if unknown:
+        parser.error(unknown_flags(unknown, [a for action in parser._actions for a in action.option_strings]))
     try:
         cfg, _ = parser.parse_args_into_dataclasses(argv, look_for_args_file=False)
     except TrainError as err:
@@ -156,11 +160,21 @@ def parse_config(cls, argv=None, description: str = "", prog: str | None = None,
     return cfg
 
 
+def unknown_flags(unknown: list[str], known: list[str]) -> str:
+    """One line naming the arguments no flag takes, with the nearest known flag for each."""
+    def hint(arg):
+        near = difflib.get_close_matches(arg.split("=")[0], known, n=1) if arg.startswith("-") else []
+        return f"{arg!r}" + (f" (did you mean {near[0]}?)" if near else "")
+
+    flags = [a for a in unknown if a.startswith("-")] or unknown
+    return f"unrecognized argument{'s' if len(flags) > 1 else ''}: {', '.join(map(hint, flags))}"
+
+
 class _Formatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
     pass
 
 
-_config_flag = argparse.ArgumentParser(add_help=False)
+_config_flag = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
 _config_flag.add_argument("--config")
 
 
