@@ -364,3 +364,20 @@ def test_readme_training_commands_run_in_a_fresh_clone(tmp_path):
         assert report["steps"] == 2
     status = subprocess.run(git_status, cwd=clone, capture_output=True, text=True, check=True).stdout
     assert status == clean, f"the README commands wrote into the clone:\n{status}"
+
+
+def test_own_text_top1_is_the_one_node_drafts_the_target_kept():
+    """decode_eval's own_text_top1: a draft that is the target itself agrees every step, a draft that is always
+    wrong never; tau comes from the drafter's own cap."""
+    from draftkit.drafters.standalone import StandaloneDrafter
+    from draftkit.train.decode_eval import measure_tau
+    from tests.models import tiny_model
+    from tests.test_controller import WrongDrafter
+
+    target = tiny_model("llama")
+    stream = torch.arange(1, 60) % 50
+    right = measure_tau(target, StandaloneDrafter(target, max_depth=3), stream, prompts=2, new_tokens=12,
+                        prompt_len=8)
+    assert right["own_text_top1"] == 1.0 and right["tau"] > 2
+    wrong = measure_tau(target, WrongDrafter(target), stream, prompts=2, new_tokens=12, prompt_len=8)
+    assert wrong["own_text_top1"] == 0.0 and wrong["tau"] == 1.0

@@ -298,7 +298,8 @@ def main(argv=None):
         if acc.is_main_process:
             out = loop.final_dir
             model.draft.save_pretrained(out)
-            decode = {k: final[k] for k in ("tau", "acceptance_by_depth", "mean_tree_size") if k in final}
+            decode = {k: final[k] for k in ("tau", "acceptance_by_depth", "mean_tree_size", "own_text_top1")
+                      if k in final}
             report = {
                 "heldout_top1": final.get("acc_1" if cfg.parallel_depths else "acc_0"),
                 "heldout_top1_by_depth": [final[f"acc_{d}"] for d in range(1, cfg.parallel_depths + 1)
