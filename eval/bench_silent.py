@@ -72,10 +72,10 @@ def run_task(target, prompts, names: list[str], args) -> dict[str, list[float]]:
                 d = drafters.get(name)
                 if hasattr(d, "forget"):
                     d.forget()
-                budget = Silent(d.budget_cap) if mode == "silent" else "auto"
+                budget = Silent(d.budget_cap) if mode == "silent" else "auto"  # plain: mode is ""
                 t0 = time.perf_counter()
                 dk.generate(target, p.ids, d, max_new_tokens=args.max_new_tokens, sampling=sampling, seed=seed,
-                            eos_token_id=[], budget=budget if d is not None else "auto")
+                            eos_token_id=[], budget=budget)
                 if rnd:
                     seconds[row].append(time.perf_counter() - t0)
     return seconds

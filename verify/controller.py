@@ -102,8 +102,9 @@ class AcceptanceModel:
     """Per-depth pass rates r_d with a prior (prior_rate, prior_weight) and exponential forgetting. The prior's
     weight is forgotten like the observations (each observation of a level multiplies it by `keep`, so what is
     left of it is 1 - reached * (1 - keep)): a fixed weight of 2 against at most 1 / (1 - keep) = 33 remembered
-    steps held every level-1 rate at 0.046 or more, and an n-gram drafter that passed 2-4% of the time under sampling kept drafting a node a step at a loss
-    (lookahead on copy at temperature 0.8: a budget of 0.9 levels a step at tau 1.05, 0.92x)."""
+    steps held every level-1 rate at 0.046 or more, and an n-gram drafter that passed 2-4% of the time under
+    sampling kept drafting a node a step at a loss (lookahead on copy at temperature 0.8: a budget of 0.9 levels a
+    step at tau 1.05, 0.92x)."""
 
     max_depth: int
     prior_rate: float = 0.8  # optimistic: a new drafter drafts first and learns its real rates quickly
