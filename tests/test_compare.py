@@ -29,7 +29,8 @@ def test_quick_compare_runs_and_nothing_is_lost(tmp_path):
         assert row["lossless"] is True, row  # greedy: every output identical to plain decoding
         assert row["tokens_per_s"] > 0
     drafted = [r for r in rows if r["kind"] == "draftkit"]
-    assert all(r["tau"] >= 1.0 and r["acceptance_by_depth"] for r in drafted)
+    for r in drafted:  # the controller may let a drafter sit out on a busy machine: its stats must then say so
+        assert r["tau"] >= 1.0 and (r["acceptance_by_depth"] or r["tau"] == 1.0), r  # no draft, nothing accepted
     assert any(r["tau"] > 1.2 for r in drafted)  # trained drafters are accepted
     assert (out / "speedup.png").exists() and (out / "compare.txt").exists()
     assert (out / "budget_vs_acceptance.png").exists()  # the default budget is the controller's

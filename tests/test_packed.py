@@ -117,6 +117,21 @@ def test_best_of_n_stores_the_prompt_once_and_picks_the_best():
     assert custom.best == sums.index(min(sums))
 
 
+def test_a_batch_may_mix_drafters_that_read_hidden_states_with_drafters_that_do_not():
+    """One lane's drafter reads the target's hidden states (EAGLE, layers 1 and -1), the others read none: each
+    row still equals that row decoded alone."""
+    from draftkit.drafters.eagle import EagleDraftModel, EagleDrafter
+
+    target = tiny_model("llama", layers=3)
+    draft = EagleDraftModel.from_target(target, feature_layers=[1, -1])
+    prompts = prompts_of((5, 9, 7))
+    refs = [generate(target, p, max_new_tokens=12, eos_token_id=[]).tokens.tolist() for p in prompts]
+    made = iter([EagleDrafter(target, draft, max_depth=3, top_k=2, max_nodes=6), LookaheadDrafter(), NoDrafter()])
+    outs = dk.generate_batch(target, prompts, lambda: next(made), max_new_tokens=12, eos_token_id=[], budget="fixed")
+    assert [o.tokens.tolist() for o in outs] == refs
+    assert any(s.drafted for s in outs[0].stats.steps)  # the EAGLE lane drafted
+
+
 def test_bad_calls_are_clear_errors():
     target = tiny_model("llama")
     with pytest.raises(ValueError, match="n must be"):

@@ -240,7 +240,7 @@ def generate_packed(model, prompts, drafters, max_new_tokens: int = 64, sampling
             ln.stats.steps.append(StepStats(0, 0, 0, 1 + len(forced), 0.0, clock.now() - t0, prefill=True,
                                             forced=len(forced)))
             if not ln.done:
-                sel = None if hidden is None else _pick(hidden, layers, ln.drafter)
+                sel = _pick(hidden, layers, ln.drafter)
                 ln.drafter.update(StepResult(ln.buf[m:m + 1 + len(forced)], ln.prompt, sel, logits[-1:], empty[0], [],
                                              top1=None, new_token_ids=[first] + forced, forced=len(forced)))
             else:
@@ -300,7 +300,7 @@ def generate_packed(model, prompts, drafters, max_new_tokens: int = 64, sampling
             if check is not None:
                 ln.stats.steps[-1].drafted, ln.stats.steps[-1].pruned = len(trees[i]), check.pruned
             ln.position += m + len(acc)
-            sel = None if hidden is None else tuple(h.index_select(0, own) for h in _pick(hidden, layers, ln.drafter))
+            sel = _pick(hidden, layers, ln.drafter, own)
             t2 = clock.now()
             ln.drafter.update(StepResult(ln.buf[T:T + len(new) + len(forced)], step.ids[own], sel, rows, tree, acc,
                                          top1=row_top1, new_token_ids=new + forced, forced=len(forced)))
@@ -324,10 +324,14 @@ def generate_packed(model, prompts, drafters, max_new_tokens: int = 64, sampling
                         draft_kv, buffers)
 
 
-def _pick(hidden, layers, drafter):
-    """The hidden-state layers this drafter asked for, in its order, from the union the forward returned."""
+def _pick(hidden, layers, drafter, rows: torch.Tensor | None = None):
+    """The hidden-state layers this drafter asked for, in its order, from the union the forward returned (rows:
+    this lane's kept rows); None for a drafter that reads none, also when another lane of the batch does."""
     wanted = tuple(getattr(drafter, "hidden_layers", ()))
-    return tuple(hidden[layers.index(i)] for i in wanted) if wanted else None
+    if hidden is None or not wanted:
+        return None
+    return tuple(hidden[layers.index(i)] if rows is None else hidden[layers.index(i)].index_select(0, rows)
+                 for i in wanted)
 
 
 def _commit(lane: Lane, new: list[int], w, rows: torch.Tensor, first: int | None, max_new_tokens: int,
