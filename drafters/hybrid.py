@@ -34,7 +34,9 @@ Each step:
 
 Skipping members. A member pays when the tokens credited to it per step it was asked beat what
 its drafting time would have produced at the hybrid's measured rate (tokens per second), and when
-its best possible node (depth 1, rank 0) clears the floor. A member that does not pay is not even
+its best possible node (depth 1, rank 0) clears the floor; under a fixed budget, where measured timings must not
+change the tree (one seed reproduces a sample), when it is credited FIXED_MIN_VALUE tokens per step it was asked
+and its best node clears the floor. A member that does not pay is not even
 asked (its drafting cost is saved) and is probed again after `probe_every` steps, the wait
 doubling up to 16 steps while probes keep losing; a probe keeps the member's draws whatever their
 chance, so that its calibration is measured again.
@@ -59,6 +61,7 @@ from draftkit.verify.contract import Budget, DecodeState, DraftTree, StepResult
 RANKS = 4  # sibling ranks calibrated apart; later ranks share the last one's rate
 PROBE_WAIT_MAX = 16
 MIN_ASKED = 4  # asked steps before a member's value and cost are trusted
+FIXED_MIN_VALUE = 0.05  # under a fixed budget: accepted tokens credited per asked step below which a member is skipped
 
 
 @dataclass
@@ -139,6 +142,7 @@ class HybridDrafter:
         self.member_accepted = {m.name: 0.0 for m in self.members}  # accepted tokens credited, all time
         self._rate = [0.0, 0.0]  # decayed committed tokens, decayed seconds between steps
         self._last_step: float | None = None
+        self._timed = True  # judge members on measured timings (not under a fixed budget)
 
     # --- state -----------------------------------------------------------------------------
     def reset(self, prompt) -> None:
@@ -147,10 +151,15 @@ class HybridDrafter:
         self._last_step = None  # the first step of a sequence says nothing about the rate
 
     def forget(self) -> None:
-        """Members that remember past requests (suffix) forget them (a benchmark's new repeat)."""
+        """Back to a fresh hybrid (a benchmark's new repeat; one seed then reproduces a sample under a fixed
+        budget): members that remember past requests (suffix) forget them, and what the hybrid learned about its
+        members (calibration, who pays) starts over. The accepted tokens credited to each member (reports) stay."""
         for m in self.members:
             if hasattr(m.drafter, "forget"):
                 m.drafter.forget()
+        self.members = [Member(m.name, m.drafter, m.layers, wait=self.probe_every) for m in self.members]
+        self.calibration = Calibration(len(self.members), self.budget_cap.max_depth)
+        self._rate, self._last_step = [0.0, 0.0], None
 
     # --- proposing ---------------------------------------------------------------------------
     def _asked(self, floor: float) -> list[Member]:
@@ -232,6 +241,7 @@ class HybridDrafter:
     def propose(self, state: DecodeState) -> DraftTree:
         budget = state.budget
         floor = max(self.min_chance, budget.min_path_prob)  # the controller's floor prices a node's verify cost
+        self._timed = not budget.fixed
         asked = self._asked(floor)
         # sampled: each member already pruned its tree at the step's floor with its own q, node by node; cutting it
         # again by coarse per-member chances (by depth and rank) dropped draws that passed
@@ -244,7 +254,7 @@ class HybridDrafter:
                     self._skip(m)
                 m.probe = False
                 continue
-            mine = Budget(self._room(m, budget)[0], shares[m.name], budget.min_path_prob)
+            mine = Budget(self._room(m, budget)[0], shares[m.name], budget.min_path_prob, budget.fixed)
             t0 = time.perf_counter()
             tree = m.drafter.propose(dataclasses.replace(state, budget=mine)).validate()
             m.propose_s = time.perf_counter() - t0
@@ -307,7 +317,9 @@ class HybridDrafter:
         m.value = credited if m.asked == 1 else keep * m.value + (1 - keep) * credited
         m.cost_s = seconds if m.asked == 1 else keep * m.cost_s + (1 - keep) * seconds
         rate = self._rate[0] / self._rate[1] if self._rate[1] > 0 else 0.0
-        worth = m.asked < MIN_ASKED or m.value >= m.cost_s * rate
+        # under a fixed budget measured timings must not change the tree (one seed reproduces a sample): there a
+        # member pays while it is credited FIXED_MIN_VALUE tokens per asked step
+        worth = m.asked < MIN_ASKED or (m.value >= m.cost_s * rate if self._timed else m.value >= FIXED_MIN_VALUE)
         pays = worth and self.calibration.chance(i, 1, 0) >= self.min_chance
         if m.probe:
             m.probe = False

@@ -50,7 +50,7 @@ class FixedBudget:
         pass
 
     def budget(self, context_len: int) -> Budget:
-        return Budget(self.cap.max_depth, self.cap.max_nodes)
+        return Budget(self.cap.max_depth, self.cap.max_nodes, fixed=True)
 
     def observe(self, step: StepStats, context_len: int) -> None:
         pass

@@ -210,11 +210,14 @@ class Budget:
     """How much a drafter may propose this step: at most max_depth levels and max_nodes nodes.
     Budget(0, 0) asks for a plain step (an empty tree). min_path_prob: drafters that know their
     paths' draft probability (EAGLE-2 and standalone trees) need not expand a path below it:
-    one more depth there costs more than it is expected to return."""
+    one more depth there costs more than it is expected to return.
+    fixed: the caller asked for this budget at every step (budget="fixed"): a drafter must not shrink it on
+    its own measured timings, so that one seed reproduces a sample."""
 
     max_depth: int
     max_nodes: int
     min_path_prob: float = 0.0
+    fixed: bool = False
 
     def __post_init__(self):
         if self.max_depth < 0 or self.max_nodes < 0:
@@ -227,7 +230,7 @@ class Budget:
     def clip(self, remaining: int) -> "Budget":
         """No deeper than the tokens still allowed minus the bonus token."""
         depth = max(0, min(self.max_depth, remaining - 1))
-        return Budget(depth, self.max_nodes if depth else 0, self.min_path_prob)
+        return Budget(depth, self.max_nodes if depth else 0, self.min_path_prob, self.fixed)
 
 
 @dataclass

@@ -25,6 +25,8 @@ tokens and hidden rows handed to the drafters are all indexed on the device.
 """
 from __future__ import annotations
 
+import dataclasses
+
 from dataclasses import dataclass, field
 
 import torch
@@ -88,7 +90,7 @@ def _state(lane: Lane, ver: Verifier, sampling: Sampling, max_new_tokens: int, d
     given = (lane.policy.budget(T) if planned is None else planned).clip(max_new_tokens - lane.generated)
     if ver.max_len:  # a tree running past the context cannot be verified
         room = ver.max_len - T
-        given = Budget(min(given.max_depth, room), min(given.max_nodes, room), given.min_path_prob)
+        given = dataclasses.replace(given, max_depth=min(given.max_depth, room), max_nodes=min(given.max_nodes, room))
     # after a jump-forward the forced tokens wait in pending: a drafter of the target's hidden states has no
     # features for them until this step's forward feeds them, so it sits this step out
     if given.empty or (getattr(lane.drafter, "hidden_layers", ()) and len(lane.pending) > 1):
