@@ -23,6 +23,10 @@ class BudgetSettings:
     max_depth: int = _knob(SHARED_DEPTH, "most draft levels per step")
     max_nodes: int = _knob(SHARED_NODES, "most draft nodes per step (the tree size)")
 
+    def __post_init__(self):  # every method alike (Budget(0, 0) is a plain step, asked for by the controller)
+        if self.max_depth < 1 or self.max_nodes < 1:
+            raise ValueError(f"max_depth and max_nodes must be >= 1, got {self.max_depth} and {self.max_nodes}")
+
 
 @dataclass
 class StandaloneSettings(BudgetSettings):
@@ -72,6 +76,7 @@ class HybridSettings(BudgetSettings):
                                 "(doubling up to 16)")
 
     def __post_init__(self):
+        super().__post_init__()
         names = member_names(self.members)
         bad = [n for n in names if n not in REGISTRY or REGISTRY[n].settings is HybridSettings]
         if bad:

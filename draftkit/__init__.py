@@ -48,6 +48,8 @@ def make_drafter(method: str, target, path: str | None = None, tokenizer=None, *
 def lane_drafters(method: str, target, n: int, path: str | None = None, tokenizer=None, **flags) -> list[Drafter]:
     """n drafters of one method for the n lanes of a batch, each with a state of its own. Drafters that can
     (`lane()`: EAGLE) share the first one's model, which loads once and lets the lanes draft together."""
+    if n < 1:
+        raise ValueError(f"lane_drafters needs n >= 1 lanes, got {n}")
     first = make_drafter(method, target, path, tokenizer, **flags)
     more = getattr(first, "lane", None)
     return [first] + [more() if more else make_drafter(method, target, path, tokenizer, **flags)
@@ -75,7 +77,10 @@ def generate_batch(target, prompts, drafter=None, max_new_tokens: int = 64, samp
     `generate` (the whole batch's step is one bucket)."""
     from draftkit.verify.packed import generate_packed
 
-    return generate_packed(target, list(prompts), _lanes(drafter, target, len(prompts)), max_new_tokens, sampling,
+    prompts = list(prompts)
+    if not prompts:  # before a drafter is built (and its model loaded)
+        raise ValueError("generate_batch needs at least one prompt, got none")
+    return generate_packed(target, prompts, _lanes(drafter, target, len(prompts)), max_new_tokens, sampling,
                            eos_token_id, seed, budget, logprobs=False, logits_processor=logits_processor,
                            grammar=grammar, tokenizer=tokenizer, jump_forward=jump_forward, compile=compile).outputs
 

@@ -30,8 +30,8 @@ def hub_problem(name: str) -> str | None:
     try:
         if isinstance(try_to_load_from_cache(name, "config.json"), str):
             return None
-    except ValueError:  # not of a hub id's form: from_pretrained says so itself
-        return None
+    except ValueError:  # not of a hub id's form (a mistyped path): from_pretrained would say "Repo id must use ..."
+        return "no such folder, and not a hub id (org/name) either"
     if constants.HF_HUB_OFFLINE:
         return "neither a folder nor in the local hub cache, and HF_HUB_OFFLINE is set"
     url = urlparse(constants.ENDPOINT)

@@ -6,6 +6,7 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
+import draftkit as dk
 from draftkit.verify.contract import DraftTree, NoDrafter
 from draftkit.drafters.lookahead import LookaheadDrafter
 from draftkit.drafters.standalone import StandaloneDrafter, check_same_vocabulary
@@ -135,6 +136,22 @@ def test_bad_input_gives_clear_errors():
         StandaloneDrafter(target, max_depth=0)
     with pytest.raises(ValueError, match="max_new_tokens"):
         generate(target, torch.tensor([1]), max_new_tokens=0)
+    for bad in (None, 4.0, True):
+        with pytest.raises(TypeError, match="max_new_tokens must be an integer"):
+            generate(target, torch.tensor([1]), max_new_tokens=bad)
+    with pytest.raises(TypeError, match="top_k must be an integer"):
+        Sampling(temperature=1.0, top_k=2.5)
+    with pytest.raises(TypeError, match="eos_token_id must be"):
+        generate(target, torch.tensor([1]), max_new_tokens=2, eos_token_id="2")
+    ref = generate(target, torch.tensor([1, 2]), max_new_tokens=12, eos_token_id=[]).tokens.tolist()
+    for eos in ({ref[3]}, torch.tensor([ref[3]]), (ref[3], 63)):  # any collection of ids stops at the first
+        stop = ref.index(ref[3]) + 1
+        assert generate(target, torch.tensor([1, 2]), max_new_tokens=12, eos_token_id=eos).tokens.tolist() == ref[:stop]
+    with pytest.raises(ValueError, match="at least one prompt"):
+        dk.generate_batch(target, [], drafter="lookahead")
+    for method, flags in (("lookahead", {"max_nodes": 0}), ("suffix", {"max_depth": 0})):
+        with pytest.raises(ValueError, match="max_depth and max_nodes must be >= 1"):
+            dk.make_drafter(method, target, **flags)
 
 
 def test_vocabulary_mismatch_names_both_models():

@@ -47,3 +47,17 @@ def test_serve_commands_name_absolute_folders_and_the_readme_draft_length(drafte
     assert vllm.split()[2] == target, vllm
     config = json.loads(vllm.split("--speculative-config ")[1].split("'")[1])
     assert config["model"] == str(tmp_path / "exp") and config["num_speculative_tokens"] == k, config
+
+
+def test_a_draft_length_the_drafter_cannot_propose_is_refused(tmp_path, capsys):
+    out = tmp_path / "out"
+    for bad in ("0", "-5"):  # argparse: one line naming the flag, exit 2
+        with pytest.raises(SystemExit) as e:
+            export_main([resolve(None, "eagle3"), "--format", "speculators", "--out", str(out),
+                         "--speculative-tokens", bad])
+        assert e.value.code == 2 and "--speculative-tokens: must be >= 1" in capsys.readouterr().err
+    block = json.loads(open(os.path.join(resolve(None, "dflash"), "config.json")).read())["block_size"]
+    err = refused(capsys, resolve(None, "dflash"), "--format", "vllm", "--out", str(out),
+                  "--speculative-tokens", str(block))
+    assert f"at most {block - 1} tokens a step" in err
+    assert not out.exists()

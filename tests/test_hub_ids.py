@@ -60,3 +60,10 @@ def test_a_hub_id_in_the_local_cache_needs_no_network(monkeypatch, tmp_path):
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
     monkeypatch.setattr("huggingface_hub.try_to_load_from_cache", lambda repo, name: str(tmp_path / name))
     assert models.hub_problem(MISSING) is None
+
+
+def test_a_mistyped_folder_is_named_as_one(tmp_path):
+    """A path that does not exist is not handed to the hub (whose error is "Repo id must use alphanumeric ...")."""
+    for name in (str(tmp_path / "no" / "such" / "model"), "./not-here/model/x"):
+        with pytest.raises(ModelUnreachable, match="no such folder, and not a hub id"):
+            dk.load_target(name)

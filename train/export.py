@@ -131,6 +131,17 @@ def serve_commands(kind: str, fmt: str, out: str, target: str, eagle3: bool, k: 
             f"--speculative-num-draft-tokens {k + 1}"]
 
 
+def positive_int(text: str) -> int:
+    """argparse type: an integer >= 1 (argparse then names the flag in its one-line error)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python train/export.py", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -150,7 +161,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", choices=sorted(DTYPES), default="float16",
                    help="dtype of the written floating-point weights (default: float16, what draftkit saves; "
                         "d2t / t2d stay int64 / bool)")
-    p.add_argument("--speculative-tokens", type=int, default=None, metavar="K",
+    p.add_argument("--speculative-tokens", type=positive_int, default=None, metavar="K",
                    help="draft tokens per step written into speculators_config and the printed commands (default: "
                         "5 for EAGLE, the number of heads for Medusa, 4 for a standalone draft, as in the README)")
     p.add_argument("--force", action="store_true",
@@ -196,6 +207,11 @@ def export(args) -> tuple[str, list[str]]:
         target = args.target or _default_target(src, cfg.get("target_name", ""))
         model = load_model(target) if args.format == "speculators" or not cfg.get("num_target_layers") else None
         draft = load_dflash_draft(src, model)
+        block = draft.config.block_size
+        if args.speculative_tokens and args.speculative_tokens > block - 1:
+            raise ExportRefused(f"--speculative-tokens {args.speculative_tokens}: {args.drafter} drafts a block of "
+                                f"{block} (the root and {block - 1} masked positions), so at most {block - 1} tokens "
+                                "a step")
         msg = export_dflash(draft, args.format, out, model, dtype, target_name=target,
                             target_architectures=_architectures(target))
         eagle3 = False

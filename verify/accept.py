@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import numbers
 from dataclasses import dataclass
 
 import torch
@@ -45,6 +46,8 @@ class Sampling:
             raise ValueError(f"temperature must be >= 0, got {self.temperature}")
         if not (0 < self.top_p <= 1):  # also rejects nan
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if isinstance(self.top_k, bool) or not isinstance(self.top_k, numbers.Integral):
+            raise TypeError(f"top_k must be an integer (0: off), got {self.top_k!r}")
         if self.top_k < 0:
             raise ValueError(f"top_k must be >= 0, got {self.top_k}")
         if self.acceptance not in ("exact", "typical"):

@@ -12,6 +12,8 @@ indexed on the device. This module holds what that loop checks and cuts.
 """
 from __future__ import annotations
 
+import operator
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import torch
@@ -56,12 +58,18 @@ def finish(new: list[int], remaining: int, eos: set[int]) -> tuple[list[int], bo
 
 
 def eos_set(model, eos_token_id) -> set[int]:
+    """The stop tokens: eos_token_id (an id, or any collection of ids: list, tuple, set, tensor), or None for the
+    model's generation_config's."""
     if eos_token_id is None:
         config = getattr(model, "generation_config", None)
         eos_token_id = getattr(config, "eos_token_id", None)
     if eos_token_id is None:
         return set()
-    return set(eos_token_id) if isinstance(eos_token_id, (list, tuple)) else {int(eos_token_id)}
+    ids = eos_token_id.reshape(-1).tolist() if isinstance(eos_token_id, torch.Tensor) else eos_token_id
+    try:
+        return {operator.index(i) for i in ids} if isinstance(ids, Iterable) else {operator.index(ids)}
+    except TypeError:
+        raise TypeError(f"eos_token_id must be a token id or a collection of token ids, got {eos_token_id!r}") from None
 
 
 def check_room(verifier, prompt_len: int, max_new_tokens: int) -> None:

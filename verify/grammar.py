@@ -181,8 +181,8 @@ def compile_grammar(grammar: Grammar, tokenizer, vocab_size: int, stop_ids) -> o
     start it (the grammar cannot be satisfied with this vocabulary) or when it has no stop token."""
     stops = tuple(sorted(stop_ids))
     if not stops:
-        raise GrammarError("a grammar needs a stop token to end on: the model has no EOS token and "
-                           "eos_token_id is empty")
+        raise GrammarError("a grammar needs a stop token to end on, and there is none: eos_token_id is empty, or it "
+                           "is None and the model's generation_config names no EOS token")
     if tokenizer is None:
         raise GrammarError("a grammar needs the target's tokenizer (tokenizer=...) to compile against")
     info, compiler = tokenizer_info(tokenizer, vocab_size, stops)

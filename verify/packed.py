@@ -26,6 +26,7 @@ tokens and hidden rows handed to the drafters are all indexed on the device.
 from __future__ import annotations
 
 import dataclasses
+import numbers
 
 from dataclasses import dataclass, field
 
@@ -181,6 +182,8 @@ def generate_packed(model, prompts, drafters, max_new_tokens: int = 64, sampling
     lane follows the grammar with a matcher of its own. static: the target's forwards run with static shapes
     (verify/forward.py); compile: and compiled with torch.compile, one graph per bucket (implies static)."""
     sampling = sampling or Sampling()
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, numbers.Integral):
+        raise TypeError(f"max_new_tokens must be an integer, got {max_new_tokens!r}")
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
     n = len(drafters)
