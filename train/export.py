@@ -163,7 +163,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "d2t / t2d stay int64 / bool)")
     p.add_argument("--speculative-tokens", type=positive_int, default=None, metavar="K",
                    help="draft tokens per step written into speculators_config and the printed commands (default: "
-                        "5 for EAGLE, the number of heads for Medusa, 4 for a standalone draft, as in the README)")
+                        "5 for EAGLE, the number of heads for Medusa, 4 for a standalone draft, as in the README; "
+                        "at least 1, and for DFlash at most its block size - 1)")
     p.add_argument("--force", action="store_true",
                    help="write into a non-empty --out (files of the same name are replaced; default: refuse)")
     return p
