@@ -110,6 +110,10 @@ class EagleConfig:
     fc_bias: bool = False  # reference EAGLE-1: fc with a bias (SafeAILab's original checkpoints)
     norm_before_residual: bool = False  # reference EAGLE-3: residual taken after hidden_norm (speculators)
     mask_token_id: int | None = None  # reference EAGLE-3 with parallel drafting (P-EAGLE, drafters/peagle.py)
+    # greedy EAGLE-2 trees score paths by log softmax(logits / tree_temperature): fitted on the target's own text
+    # (train/calibrate.py) so that a node's score estimates the chance the target keeps it; drafts trained on the
+    # target's soft labels are under-confident (the shipped ones: mean top-1 probability 0.30, top-1 right 0.91)
+    tree_temperature: float = 1.0
 
     @classmethod
     def from_target(cls, target, feature_layers: Sequence[int] | None = None) -> "EagleConfig":
@@ -270,6 +274,7 @@ class EagleDrafter:
         self.budget_cap = Budget(max_depth, max_nodes if top_k > 1 else max_depth)
         self.temperature = temperature
         self.sampling = sampling
+        self.tree_temperature = float(draft.config.tree_temperature)
         self.cache = None
         self.alone = self.lanes_class()([self])  # one sequence drafts as a group of one (drafters/lanes.py)
         self.reset(None)

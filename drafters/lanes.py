@@ -39,6 +39,7 @@ class DraftLanes:
         self.drafters, self.device = drafters, device
         first = drafters[0]
         self.top_k, self.temperature, self.sampling = first.top_k, first.temperature, first.sampling
+        self.tree_temperature = getattr(first, "tree_temperature", 1.0)
         self.masks = MaskBuffer(dtype, device)
         held = [d.cache for d in drafters if getattr(d, "cache", None) is not None]
         self.cache = KVBuffer(num_layers, batch_size=len(drafters), capacity=max([c.capacity for c in held] + [256]))
@@ -93,7 +94,8 @@ class DraftLanes:
         root = self.catch_up(rows, states)
         searches, requests = {}, {}
         for i, r in enumerate(rows):
-            searches[r] = search(root[i], states[r], self.top_k, self.temperature, self.sampling)
+            searches[r] = search(root[i], states[r], self.top_k, self.temperature, self.sampling,
+                                 self.tree_temperature)
             self.slots[r] = []
             self._advance(r, searches, requests, trees, None)
         while requests:
@@ -156,4 +158,6 @@ def compatible(drafters: list, model_attr: str) -> bool:
     """Drafters of one draft model (`model_attr` names it) and the same search settings."""
     first = drafters[0]
     return all(getattr(d, model_attr) is getattr(first, model_attr) and d.top_k == first.top_k
-               and d.temperature == first.temperature and d.sampling == first.sampling for d in drafters)
+               and d.temperature == first.temperature and d.sampling == first.sampling
+               and getattr(d, "tree_temperature", 1.0) == getattr(first, "tree_temperature", 1.0)
+               for d in drafters)

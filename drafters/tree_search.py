@@ -107,11 +107,14 @@ def chain_search(root_logits: torch.Tensor, depth: int, greedy: bool, gen: torch
                                 extra=list(range(depth - 1)) + [-1])
 
 
-def topk_search(root_logits: torch.Tensor, depth: int, top_k: int, max_nodes: int) -> Search:
+def topk_search(root_logits: torch.Tensor, depth: int, top_k: int, max_nodes: int,
+                tree_temperature: float = 1.0) -> Search:
     """EAGLE-2 style tree of at most max_nodes deterministic nodes (q is None: lossless with one-hot q): each
-    level expands the top_k best paths so far; the budget's depth, chosen from measured acceptance, ends it."""
-    dev = root_logits.device
-    top = root_logits.float().log_softmax(-1).topk(top_k)
+    level expands the top_k best paths so far; the budget's depth, chosen from measured acceptance, ends it.
+    A path's score is the sum of its log softmax(logits / tree_temperature): the draft's confidence calibrated
+    so that it estimates the chance the target keeps the path (train/calibrate.py fits it)."""
+    dev, t = root_logits.device, tree_temperature
+    top = (root_logits.float() / t).log_softmax(-1).topk(top_k)
     toks, scores = [top.indices], [top.values]  # per expansion: (k,) tokens and cumulative log-probs
     pars, depths = [torch.full((top_k,), -1, device=dev)], [torch.ones(top_k, dtype=torch.long, device=dev)]
     frontier = torch.arange(top_k, device=dev)  # node ids (into the concatenation of toks) to run next
@@ -131,7 +134,7 @@ def topk_search(root_logits: torch.Tensor, depth: int, top_k: int, max_nodes: in
         row_of[frontier] = torch.arange(e, e + k, device=dev)
         logits = yield all_toks[frontier], parent_rows, new, torch.full((k,), d, device=dev)
         run = torch.cat([run, frontier])
-        child = logits.float().log_softmax(-1).topk(top_k)  # (k, top_k)
+        child = (logits.float() / t).log_softmax(-1).topk(top_k)  # (k, top_k)
         cand = torch.cat(scores)[frontier][:, None] + child.values  # (k, top_k)
         first_new = all_toks.numel()
         toks.append(child.indices.flatten())
@@ -329,11 +332,12 @@ def draft(root_logits: torch.Tensor, forward: Forward, state, top_k: int, temper
     return run_search(search(root_logits, state, top_k, temperature, sampling), forward)
 
 
-def search(root_logits: torch.Tensor, state, top_k: int, temperature: float | None = None, sampling=None) -> Search:
+def search(root_logits: torch.Tensor, state, top_k: int, temperature: float | None = None, sampling=None,
+           tree_temperature: float = 1.0) -> Search:
     """The search for an autoregressive drafter's proposal within state.budget: a chain (top_k 1, sampled from
-    q when sampling), a tree sampled without replacement (sampling), or the EAGLE-2 top-k tree (greedy). Sampled
-    draws come from state.generator (the run's seed). A drafter of several lanes drives one search per lane and
-    answers each level's requests of every lane with one draft forward."""
+    q when sampling), a tree sampled without replacement (sampling), or the EAGLE-2 top-k tree (greedy, its
+    scores at tree_temperature). Sampled draws come from state.generator (the run's seed). A drafter of several
+    lanes drives one search per lane and answers each level's requests of every lane with one draft forward."""
     budget, gen = state.budget, state.generator
     depth = min(budget.max_depth, budget.max_nodes)
     temperature = temperature or state.temperature
@@ -348,7 +352,7 @@ def search(root_logits: torch.Tensor, state, top_k: int, temperature: float | No
     # controller's per-depth rates, measured on accepted tokens, choose the depth instead
     if not state.greedy and sampled_trees_enabled():
         return (yield from sampled_search(root_logits, depth, top_k, budget.max_nodes, gen, temperature, sampling))
-    return (yield from topk_search(root_logits, depth, top_k, budget.max_nodes))
+    return (yield from topk_search(root_logits, depth, top_k, budget.max_nodes, tree_temperature))
 
 
 def depth_lookup(depth_logits: torch.Tensor) -> Forward:

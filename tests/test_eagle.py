@@ -281,7 +281,9 @@ def test_training_lowers_losses_and_logs(tiny_run, monkeypatch):
     assert json.loads((final / "train_report.json").read_text())["steps"] == 30
     assert 0 <= report["heldout_top1"] <= 1 and report["tau"] >= 1.0
     target = LlamaForCausalLM.from_pretrained(str(tiny_run / "target"))
-    EagleDrafter.from_pretrained(str(final), target)
+    drafter = EagleDrafter.from_pretrained(str(final), target)
+    # the tree temperature fitted at the end (train/calibrate.py), or 1.0 with why when there was nothing to fit on
+    assert drafter.tree_temperature == report["tree_temperature"] and "tree_temperature_fit" in report
 
 
 def test_training_eagle3_ttt(tiny_run):

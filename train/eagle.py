@@ -46,6 +46,7 @@ from draftkit.drafters.eagle import EagleDraftModel, EagleDrafter  # noqa: E402
 from draftkit.drafters.eagle_reference import frequent_tokens, make_draft  # noqa: E402
 from draftkit.drafters.peagle import PEagleDraft, PEagleDrafter, make_peagle_draft  # noqa: E402
 from draftkit.train import decode_eval  # noqa: E402
+from draftkit.train.calibrate import calibrate  # noqa: E402
 from draftkit.train.config import TrainError, field, mask_token, parse_config, resolve_model, shared  # noqa: E402
 from draftkit.train.loop import Loop, cli  # noqa: E402
 from draftkit.train.peagle_loss import PEagleLoss  # noqa: E402
@@ -233,6 +234,18 @@ def measure_tau(target, draft, stream: torch.Tensor, prompts: int, new_tokens: i
     return decode_eval.measure_tau(target, drafter, stream, prompts, new_tokens, prompt_len)
 
 
+def fit_tree_temperature(target, draft, stream: torch.Tensor, cfg) -> dict:
+    """Fit the draft's tree temperature on held-out prompts (train/calibrate.py; sets draft.config), for the
+    report. P-EAGLE's tree does not read it; with no held-out prompt long enough the draft keeps 1.0."""
+    if cfg.parallel_depths or cfg.eval_tau_prompts < 1:
+        return {}
+    try:
+        t, fit = calibrate(target, draft.float().eval(), stream, cfg.eval_tau_prompts * 3, cfg.eval_new_tokens)
+    except ValueError as e:  # too little held-out text (tiny test corpora)
+        return {"tree_temperature": 1.0, "tree_temperature_fit": str(e)}
+    return {"tree_temperature": t, "tree_temperature_fit": fit}
+
+
 # --- main -------------------------------------------------------------------------------------------
 
 def main(argv=None):
@@ -297,6 +310,7 @@ def main(argv=None):
         report = {}
         if acc.is_main_process:
             out = loop.final_dir
+            tree = fit_tree_temperature(target, model.draft, heldout_text, cfg)
             model.draft.save_pretrained(out)
             decode = {k: final[k] for k in ("tau", "acceptance_by_depth", "mean_tree_size", "own_text_top1")
                       if k in final}
@@ -306,7 +320,7 @@ def main(argv=None):
                                           if f"acc_{d}" in final] or None,
                 "heldout_top1_by_step": [final[f"acc_{i}"] for i in range(cfg.ttt_steps) if f"acc_{i}" in final],
                 "heldout_token_loss": final.get("token_loss_0"), "heldout_feature_loss": final.get("feature_loss_0"),
-                **decode,
+                **decode, **tree,
                 "params": n_params, "steps": cfg.max_steps, "resumed_from": result.start_step,
                 "first_train": history[0] if history else None, "last_train": history[-1] if history else None,
                 "feature_layers": model.draft.config.feature_layers, "ttt_steps": cfg.ttt_steps,
