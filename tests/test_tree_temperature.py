@@ -3,11 +3,13 @@ draft confidence turns depth-1 siblings into depth, greedy output stays plain gr
 the draft's config."""
 import json
 
+import pytest
 import torch
 
 from draftkit.drafters.eagle import EagleDraftModel, EagleDrafter
 from draftkit.drafters.tree_search import topk_search
-from draftkit.train.calibrate import GRID, calibrate
+from draftkit.models import resolve
+from draftkit.train.calibrate import GRID, calibrate, main
 from draftkit.verify.decode import generate
 from tests.test_eagle import PROMPTS, tiny_target
 
@@ -65,3 +67,13 @@ def test_the_fit_keeps_the_temperature_that_commits_most():
     taus = {float(t): v for t, v in fit["tau_by_temperature"].items()}
     assert set(taus) == set(GRID) and draft.config.tree_temperature == best
     assert taus[best] == max(taus.values()) and fit["prompts"] == 2
+
+
+def test_calibrate_refuses_what_it_cannot_fit_before_any_model_loads(tmp_path, capsys):
+    for name, says in (("medusa", "not a draftkit EAGLE draft"), ("peagle", "does not read tree_temperature")):
+        with pytest.raises(SystemExit) as e:
+            main([resolve(None, name), "--dry-run"])
+        assert e.value.code == 2 and says in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main([str(tmp_path), "--dry-run"])
+    assert "holds no config.json" in capsys.readouterr().err

@@ -82,16 +82,25 @@ def main(argv=None) -> int:
         ap.error(f"{args.draft} holds no config.json: pass an EAGLE draft folder")
     if args.prompts < 1 or args.new_tokens < 1:
         ap.error("--prompts and --new-tokens must be >= 1")
+    with open(config) as fh:
+        raw = json.load(fh)
+    if raw.get("kind") != "eagle":  # before any model loads
+        kind = raw.get("kind") or raw.get("model_type")
+        ap.error(f"{args.draft} is not a draftkit EAGLE draft (config kind {kind!r})")
+    if raw.get("mask_token_id") is not None:
+        ap.error(f"{args.draft} is a P-EAGLE draft: its tree is cut from per-depth distributions and does not read "
+                 "tree_temperature")
     import draftkit as dk
     from draftkit.drafters.formats import load_eagle_draft
 
     target, tokenizer = dk.load_target(args.target)
-    draft = load_eagle_draft(args.draft, target).float().eval()
+    try:
+        draft = load_eagle_draft(args.draft, target).float().eval()
+    except ValueError as e:  # made for another target
+        ap.error(" ".join(str(e).split()))
     t, fit = calibrate(target, draft, heldout_stream(tokenizer, args.corpus), args.prompts, args.new_tokens)
     print(f"{args.draft}: tree_temperature {t} ({json.dumps(fit)})")
     if not args.dry_run:
-        with open(config) as fh:
-            raw = json.load(fh)
         raw["tree_temperature"] = t
         with open(config + ".tmp", "w") as fh:
             json.dump(raw, fh, indent=2)
