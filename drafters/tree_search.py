@@ -113,8 +113,13 @@ def topk_search(root_logits: torch.Tensor, depth: int, top_k: int, max_nodes: in
     level expands the top_k best paths so far; the budget's depth, chosen from measured acceptance, ends it.
     A path's score is the sum of its log softmax(logits / tree_temperature): the draft's confidence calibrated
     so that it estimates the chance the target keeps the path (train/calibrate.py fits it)."""
-    dev, t = root_logits.device, tree_temperature
-    top = (root_logits.float() / t).log_softmax(-1).topk(top_k)
+    dev = root_logits.device
+
+    def scores_of(logits: torch.Tensor) -> torch.Tensor:  # no division at T = 1 (one op less per level)
+        logits = logits.float()
+        return (logits if tree_temperature == 1.0 else logits / tree_temperature).log_softmax(-1)
+
+    top = scores_of(root_logits).topk(top_k)
     toks, scores = [top.indices], [top.values]  # per expansion: (k,) tokens and cumulative log-probs
     pars, depths = [torch.full((top_k,), -1, device=dev)], [torch.ones(top_k, dtype=torch.long, device=dev)]
     frontier = torch.arange(top_k, device=dev)  # node ids (into the concatenation of toks) to run next
@@ -134,7 +139,7 @@ def topk_search(root_logits: torch.Tensor, depth: int, top_k: int, max_nodes: in
         row_of[frontier] = torch.arange(e, e + k, device=dev)
         logits = yield all_toks[frontier], parent_rows, new, torch.full((k,), d, device=dev)
         run = torch.cat([run, frontier])
-        child = (logits.float() / t).log_softmax(-1).topk(top_k)  # (k, top_k)
+        child = scores_of(logits).topk(top_k)  # (k, top_k)
         cand = torch.cat(scores)[frontier][:, None] + child.values  # (k, top_k)
         first_new = all_toks.numel()
         toks.append(child.indices.flatten())

@@ -32,22 +32,16 @@ def calibrate(target, draft, stream: torch.Tensor, prompts: int = 12, new_tokens
     `stream` (ties: the higher temperature). A timing-free measure: a fixed budget, every step the caps."""
     from draftkit.drafters.eagle import EagleDrafter
     from draftkit.drafters.registry import SHARED_DEPTH, SHARED_NODES, EagleSettings
-    from draftkit.verify.decode import generate
+    from draftkit.train.decode_eval import decode_stats, heldout_prompts
 
-    stride = max(prompt_len, (stream.numel() - prompt_len) // max(prompts, 1))
-    heads = [stream[i * stride: i * stride + prompt_len].long().to(target.device) for i in range(prompts)]
-    heads = [p for p in heads if p.numel() == prompt_len]
+    heads = heldout_prompts(stream, prompts, prompt_len, target.device)
     if not heads:
         raise ValueError(f"the held-out text holds no prompt of {prompt_len} tokens")
     tau = {}
     for t in grid:
         draft.config.tree_temperature = t
         drafter = EagleDrafter(target, draft, SHARED_DEPTH, SHARED_NODES, EagleSettings().top_k)
-        steps = tokens = 0
-        for p in heads:
-            st = generate(target, p, drafter, max_new_tokens=new_tokens, eos_token_id=[], budget="fixed").stats
-            steps, tokens = steps + len(st.decode_steps), tokens + sum(s.committed for s in st.decode_steps)
-        tau[t] = tokens / max(steps, 1)
+        tau[t] = decode_stats(target, drafter, heads, new_tokens).tau
     best = max(grid, key=lambda t: (round(tau[t], 3), t))
     draft.config.tree_temperature = best
     return best, {"prompts": len(heads), "tau_by_temperature": {str(t): round(v, 4) for t, v in tau.items()}}

@@ -4,6 +4,28 @@ from __future__ import annotations
 import torch
 
 
+def heldout_prompts(stream: torch.Tensor, prompts: int, prompt_len: int, device) -> list[torch.Tensor]:
+    """Up to `prompts` prompts of `prompt_len` tokens taken evenly from the held-out `stream`."""
+    if prompts < 1 or stream.numel() < prompt_len + 1:
+        return []
+    stride = max(prompt_len, (stream.numel() - prompt_len) // prompts)
+    heads = [stream[i * stride: i * stride + prompt_len].long().to(device) for i in range(prompts)]
+    return [p for p in heads if p.numel() == prompt_len]
+
+
+@torch.no_grad()
+def decode_stats(target, drafter, heads: list[torch.Tensor], new_tokens: int, budget="fixed"):
+    """The merged statistics of `drafter` decoding each prompt greedily (`budget`: the drafter's own cap every
+    step by default: a measure of the draft, not of the machine); None for no prompts."""
+    from draftkit.verify.decode import generate
+
+    stats = None
+    for p in heads:
+        out = generate(target, p, drafter=drafter, max_new_tokens=new_tokens, eos_token_id=[], budget=budget)
+        stats = out.stats if stats is None else stats.merge(out.stats)
+    return stats
+
+
 @torch.no_grad()
 def measure_tau(target, drafter, stream: torch.Tensor, prompts: int, new_tokens: int, prompt_len: int = 128) -> dict:
     """tau, per-depth acceptance and the mean tree size of `drafter` on `prompts` held-out prompts taken
@@ -13,23 +35,12 @@ def measure_tau(target, drafter, stream: torch.Tensor, prompts: int, new_tokens:
     written text, which decoding never drafts over). {} when there is nothing to measure."""
     from draftkit.verify.budget import FixedBudget
     from draftkit.verify.contract import Budget
-    from draftkit.verify.decode import generate
 
-    if prompts < 1 or stream.numel() < prompt_len + 1:
+    heads = heldout_prompts(stream, prompts, prompt_len, target.device)
+    if not heads:
         return {}
-    stride = max(prompt_len, (stream.numel() - prompt_len) // prompts)
-    stats = top1 = None
-    for i in range(prompts):
-        p = stream[i * stride: i * stride + prompt_len].long().to(target.device)
-        if p.numel() < prompt_len:
-            break
-        out = generate(target, p, drafter=drafter, max_new_tokens=new_tokens, eos_token_id=[], budget="fixed")
-        stats = out.stats if stats is None else stats.merge(out.stats)
-        one = generate(target, p, drafter=drafter, max_new_tokens=new_tokens, eos_token_id=[],
-                       budget=FixedBudget(Budget(1, 1)))
-        top1 = one.stats if top1 is None else top1.merge(one.stats)
-    if stats is None:
-        return {}
+    stats = decode_stats(target, drafter, heads, new_tokens)
+    top1 = decode_stats(target, drafter, heads, new_tokens, FixedBudget(Budget(1, 1)))
     drafted = [s for s in top1.decode_steps if s.drafted]
     agreed = sum(s.accepted > 0 for s in drafted) / max(1, len(drafted))
     return {"tau": stats.tau, "acceptance_by_depth": stats.acceptance_by_depth(),

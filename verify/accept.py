@@ -22,12 +22,11 @@ from __future__ import annotations
 
 import hashlib
 import math
-import numbers
 from dataclasses import dataclass
 
 import torch
 
-from draftkit.verify.contract import WITHOUT_REPLACEMENT, DraftTree
+from draftkit.verify.contract import WITHOUT_REPLACEMENT, DraftTree, require_int
 
 
 @dataclass
@@ -46,8 +45,7 @@ class Sampling:
             raise ValueError(f"temperature must be >= 0, got {self.temperature}")
         if not (0 < self.top_p <= 1):  # also rejects nan
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-        if isinstance(self.top_k, bool) or not isinstance(self.top_k, numbers.Integral):
-            raise TypeError(f"top_k must be an integer (0: off), got {self.top_k!r}")
+        require_int("top_k", self.top_k)
         if self.top_k < 0:
             raise ValueError(f"top_k must be >= 0, got {self.top_k}")
         if self.acceptance not in ("exact", "typical"):

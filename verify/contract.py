@@ -11,6 +11,8 @@ is a tree whose parents are [-1, 0, 1, ...].
 """
 from __future__ import annotations
 
+import numbers
+
 from dataclasses import dataclass, field
 from typing import Protocol, Sequence, runtime_checkable
 
@@ -203,6 +205,12 @@ class DraftTree:
                 up[live] = par[up[live]]
             self._ancestors = anc.to(self.tokens.device)
         return self._ancestors
+
+
+def require_int(name: str, value) -> None:
+    """A TypeError naming `name` unless value is an integer (bool is not one): what a count or an id must be."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be an integer, got {value!r}")
 
 
 @dataclass

@@ -25,9 +25,6 @@ tokens and hidden rows handed to the drafters are all indexed on the device.
 """
 from __future__ import annotations
 
-import dataclasses
-import numbers
-
 from dataclasses import dataclass, field
 
 import torch
@@ -37,7 +34,7 @@ from draftkit.verify.accept import Sampling, drafter_generator, verifier_generat
 from draftkit.verify.batch_plan import BatchPlanner
 from draftkit.verify.budget import make_policy
 from draftkit.verify.constraints import make_constraint
-from draftkit.verify.contract import Budget, DecodeState, DraftTree, StepResult, lane_groups
+from draftkit.verify.contract import Budget, DecodeState, DraftTree, StepResult, lane_groups, require_int
 from draftkit.verify.decode import GenerationOutput, as_prompt, check_room, eos_set, finish
 from draftkit.verify.forward import Verifier, bucket, static_verifier
 from draftkit.verify.stats import DecodeStats, StepStats
@@ -91,7 +88,7 @@ def _state(lane: Lane, ver: Verifier, sampling: Sampling, max_new_tokens: int, d
     given = (lane.policy.budget(T) if planned is None else planned).clip(max_new_tokens - lane.generated)
     if ver.max_len:  # a tree running past the context cannot be verified
         room = ver.max_len - T
-        given = dataclasses.replace(given, max_depth=min(given.max_depth, room), max_nodes=min(given.max_nodes, room))
+        given = Budget(min(given.max_depth, room), min(given.max_nodes, room), given.min_path_prob, given.fixed)
     # after a jump-forward the forced tokens wait in pending: a drafter of the target's hidden states has no
     # features for them until this step's forward feeds them, so it sits this step out
     if given.empty or (getattr(lane.drafter, "hidden_layers", ()) and len(lane.pending) > 1):
@@ -182,8 +179,7 @@ def generate_packed(model, prompts, drafters, max_new_tokens: int = 64, sampling
     lane follows the grammar with a matcher of its own. static: the target's forwards run with static shapes
     (verify/forward.py); compile: and compiled with torch.compile, one graph per bucket (implies static)."""
     sampling = sampling or Sampling()
-    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, numbers.Integral):
-        raise TypeError(f"max_new_tokens must be an integer, got {max_new_tokens!r}")
+    require_int("max_new_tokens", max_new_tokens)
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
     n = len(drafters)
