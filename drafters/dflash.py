@@ -68,6 +68,9 @@ class DFlashConfig:
     mask_token_id: int
     target_name: str = ""
     layer_config: dict = field(default_factory=dict)  # Llama/Qwen3 sizes: num_hidden_layers = draft layers
+    # greedy trees score paths by log softmax(logits / tree_temperature), fitted on the target's own text
+    # (train/calibrate.py); chains and sampled trees do not read it
+    tree_temperature: float = 1.0
     kind: str = KIND
 
     def check(self) -> "DFlashConfig":
@@ -79,6 +82,8 @@ class DFlashConfig:
             raise ValueError(f"DFlash target_layers must be hidden_states indices in 1..{n}, got {self.target_layers}")
         if not 0 <= self.mask_token_id < self.vocab_size:
             raise ValueError(f"mask_token_id must lie in [0, {self.vocab_size}), got {self.mask_token_id}")
+        if not self.tree_temperature > 0:
+            raise ValueError(f"tree_temperature must be > 0, got {self.tree_temperature}")
         return self
 
     @property
@@ -307,6 +312,7 @@ class DFlashDrafter:
         self.draft = draft.to(self.device).eval()
         self.hidden_layers = tuple(draft.config.target_layers)
         self.top_k, self.temperature, self.sampling = top_k, temperature, sampling
+        self.tree_temperature = float(draft.config.tree_temperature)
         self.budget_cap = Budget(max_depth, max_nodes if top_k > 1 else max_depth)
         self.reset(None)
 

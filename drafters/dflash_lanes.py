@@ -36,6 +36,7 @@ class DFlashLanes:
         self.drafters = drafters
         self.draft, self.embed, self.head, self.device = first.draft, first.embed, first.head, first.device
         self.top_k, self.temperature, self.sampling = first.top_k, first.temperature, first.sampling
+        self.tree_temperature = first.tree_temperature  # the lanes share one draft, so one value
         self.cache = ContextCache(first.draft.config.draft_layers, lanes=len(drafters))
         self.mask_id, self.block = first.draft.config.mask_token_id, first.draft.config.block_size
         for d in drafters:
@@ -56,7 +57,8 @@ class DFlashLanes:
         picked = out[:, 1:] if len(rows) == len(states) else out[rows, 1:]
         logits = self.head(picked.to(self.head.weight.dtype))  # (R, B - 1, V): depth j at row j - 1
         for i, r in enumerate(rows):
-            trees[r] = draft_from_depths(logits[i], states[r], self.top_k, self.temperature, self.sampling)
+            trees[r] = draft_from_depths(logits[i], states[r], self.top_k, self.temperature, self.sampling,
+                                         self.tree_temperature)
         return trees
 
     def _take_new(self, rows: list[int], states: list) -> dict[int, torch.Tensor]:

@@ -90,5 +90,6 @@ class PEagleLanes(EagleLanes):
         out, k = self._run_kept(rows, extra)
         for r in rows:  # the root's output (depth 1), then each placeholder's (depths 2 ..)
             logits = self.logits(out[r, k[r] - 1:k[r] - 1 + depth[r]])
-            trees[r] = draft_from_depths(logits, states[r], self.top_k, self.temperature, self.sampling)
+            trees[r] = draft_from_depths(logits, states[r], self.top_k, self.temperature, self.sampling,
+                                         self.tree_temperature)
         return trees

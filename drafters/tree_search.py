@@ -331,10 +331,10 @@ def run_search(search: Search, forward: Forward) -> DraftTree:
 
 
 def draft(root_logits: torch.Tensor, forward: Forward, state, top_k: int, temperature: float | None = None,
-          sampling=None) -> DraftTree:
+          sampling=None, tree_temperature: float = 1.0) -> DraftTree:
     """The proposal of an autoregressive drafter within state.budget (see `search`), its forwards run one after
     another by `forward`."""
-    return run_search(search(root_logits, state, top_k, temperature, sampling), forward)
+    return run_search(search(root_logits, state, top_k, temperature, sampling, tree_temperature), forward)
 
 
 def search(root_logits: torch.Tensor, state, top_k: int, temperature: float | None = None, sampling=None,
@@ -371,7 +371,7 @@ def depth_lookup(depth_logits: torch.Tensor) -> Forward:
 
 
 def draft_from_depths(depth_logits: torch.Tensor, state, top_k: int, temperature: float | None = None,
-                      sampling=None) -> DraftTree:
+                      sampling=None, tree_temperature: float = 1.0) -> DraftTree:
     """A chain or tree (as `draft`) from per-depth logits (D, V) computed in one draft forward. The budget's
     depth is capped at D. Under sampling each node's q is its depth's distribution: the one its token was drawn
     from, so the verifier's rule stays exact."""
@@ -380,7 +380,7 @@ def draft_from_depths(depth_logits: torch.Tensor, state, top_k: int, temperature
         return DraftTree.empty(depth_logits.device)
     if state.budget.max_depth > depth:
         state = _with_depth(state, depth)
-    return draft(depth_logits[0], depth_lookup(depth_logits), state, top_k, temperature, sampling)
+    return draft(depth_logits[0], depth_lookup(depth_logits), state, top_k, temperature, sampling, tree_temperature)
 
 
 def _with_depth(state, depth: int):

@@ -179,7 +179,10 @@ def test_training_lowers_the_loss(tiny_run):
     assert last < first - 0.1, (first, last)
     assert len(report["heldout_top1_by_slot"]) == 3 and report["tau"] >= 1.0
     target = AutoModelForCausalLM.from_pretrained(str(tiny_run / "target"))
-    assert DFlashDrafter.from_pretrained(str(out / "final"), target, max_depth=3).draft.config.block_size == 4
+    drafter = DFlashDrafter.from_pretrained(str(out / "final"), target, max_depth=3)
+    assert drafter.draft.config.block_size == 4
+    # the tree temperature fitted at the end (train/calibrate.py), or 1.0 with why when there was nothing to fit on
+    assert drafter.tree_temperature == report["tree_temperature"] and "tree_temperature_fit" in report
     # --init_from continues the trained draft: its first loss is the trained one's, not a new draft's
     more = train_dflash.main(train_argv(tiny_run, tiny_run / "more", 4, "--block_size", "4", "--draft_layers", "1",
                                         "--anchors", "8", "--init_from", str(out / "final")))

@@ -9,8 +9,9 @@ positions cut at random anchors ([anchor token, mask, ...]), every mask position
 from the context before the anchor, soft cross-entropy against the target's distributions, slot j weighted
 exp(-(j - 1) / gamma). The draft reads the target's embedding and LM head; only its layers, fc and norms train.
 
-At the end it measures held-out per-slot top-1 agreement, the greedy accepted length per block it implies,
-and the mean accepted length tau of the drafter on held-out prompts, saves the draft folder (export it with
+At the end it fits the tree temperature (train/calibrate.py), measures held-out per-slot top-1 agreement, the
+greedy accepted length per block it implies and the mean accepted length tau of the drafter on held-out prompts,
+saves the draft folder (export it with
 train/export.py --format vllm or speculators) and prints a JSON report.
 """
 from __future__ import annotations
@@ -26,6 +27,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
 
 from draftkit.drafters.dflash import DFlashDrafter, make_dflash_draft  # noqa: E402
 from draftkit.train.config import TrainError, field, mask_token, parse_config, resolve_model, shared  # noqa: E402
+from draftkit.train.calibrate import fit_for_report  # noqa: E402
 from draftkit.train.decode_eval import measure_tau  # noqa: E402
 from draftkit.train.dflash_loss import DFlashLoss  # noqa: E402
 from draftkit.train.loop import Loop, cli  # noqa: E402
@@ -140,6 +142,7 @@ def main(argv=None):
         report = {}
         if acc.is_main_process:
             out = loop.final_dir
+            tree = fit_for_report(target, model.draft, heldout_text, cfg.eval_tau_prompts * 3, cfg.eval_new_tokens)
             model.draft.save_pretrained(out)
             drafter = DFlashDrafter(target, model.draft.eval(), max_depth=min(4, cfg.block_size - 1))
             decode = measure_tau(target, drafter, heldout_text, cfg.eval_tau_prompts, cfg.eval_new_tokens)
@@ -149,7 +152,7 @@ def main(argv=None):
             report = {
                 "heldout_loss": final.get("loss"), "heldout_top1": final.get("acc_1"),
                 "heldout_top1_by_slot": [final[f"acc_{j}"] for j in range(1, cfg.block_size) if f"acc_{j}" in final],
-                "heldout_accepted_length": final.get("accepted_length"), **decode,
+                "heldout_accepted_length": final.get("accepted_length"), **decode, **tree,
                 "params": n_params, "steps": cfg.max_steps, "resumed_from": result.start_step,
                 "first_train": history[0] if history else None, "last_train": history[-1] if history else None,
                 "block_size": cfg.block_size, "draft_layers": cfg.draft_layers,

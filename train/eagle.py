@@ -46,7 +46,7 @@ from draftkit.drafters.eagle import EagleDraftModel, EagleDrafter  # noqa: E402
 from draftkit.drafters.eagle_reference import frequent_tokens, make_draft  # noqa: E402
 from draftkit.drafters.peagle import PEagleDraft, PEagleDrafter, make_peagle_draft  # noqa: E402
 from draftkit.train import decode_eval  # noqa: E402
-from draftkit.train.calibrate import calibrate  # noqa: E402
+from draftkit.train.calibrate import fit_for_report  # noqa: E402
 from draftkit.train.config import TrainError, field, mask_token, parse_config, resolve_model, shared  # noqa: E402
 from draftkit.train.loop import Loop, cli  # noqa: E402
 from draftkit.train.peagle_loss import PEagleLoss  # noqa: E402
@@ -234,18 +234,6 @@ def measure_tau(target, draft, stream: torch.Tensor, prompts: int, new_tokens: i
     return decode_eval.measure_tau(target, drafter, stream, prompts, new_tokens, prompt_len)
 
 
-def fit_tree_temperature(target, draft, stream: torch.Tensor, cfg) -> dict:
-    """Fit the draft's tree temperature on held-out prompts (train/calibrate.py; sets draft.config), for the
-    report. P-EAGLE's tree does not read it; with no held-out prompt long enough the draft keeps 1.0."""
-    if cfg.parallel_depths or cfg.eval_tau_prompts < 1:
-        return {}
-    try:
-        t, fit = calibrate(target, draft.float().eval(), stream, cfg.eval_tau_prompts * 3, cfg.eval_new_tokens)
-    except ValueError as e:  # too little held-out text (tiny test corpora)
-        return {"tree_temperature": 1.0, "tree_temperature_fit": str(e)}
-    return {"tree_temperature": t, "tree_temperature_fit": fit}
-
-
 # --- main -------------------------------------------------------------------------------------------
 
 def main(argv=None):
@@ -310,7 +298,7 @@ def main(argv=None):
         report = {}
         if acc.is_main_process:
             out = loop.final_dir
-            tree = fit_tree_temperature(target, model.draft, heldout_text, cfg)
+            tree = fit_for_report(target, model.draft, heldout_text, cfg.eval_tau_prompts * 3, cfg.eval_new_tokens)
             model.draft.save_pretrained(out)
             decode = {k: final[k] for k in ("tau", "acceptance_by_depth", "mean_tree_size", "own_text_top1")
                       if k in final}
