@@ -142,7 +142,6 @@ class HybridDrafter:
         self.member_accepted = {m.name: 0.0 for m in self.members}  # accepted tokens credited, all time
         self._rate = [0.0, 0.0]  # decayed committed tokens, decayed seconds between steps
         self._last_step: float | None = None
-        self._timed = True  # judge members on measured timings (not under a fixed budget)
 
     # --- state -----------------------------------------------------------------------------
     def reset(self, prompt) -> None:
@@ -239,7 +238,6 @@ class HybridDrafter:
     def propose(self, state: DecodeState) -> DraftTree:
         budget = state.budget
         floor = max(self.min_chance, budget.min_path_prob)  # the controller's floor prices a node's verify cost
-        self._timed = not budget.fixed
         asked = self._asked(floor)
         # sampled: each member already pruned its tree at the step's floor with its own q, node by node; cutting it
         # again by coarse per-member chances (by depth and rank) dropped draws that passed
@@ -260,7 +258,9 @@ class HybridDrafter:
                 tree = DraftTree.empty(state.tokens.device).validate()  # a member that ignored its budget
             trees[i] = tree
         keep_all = {i for i, m in enumerate(self.members) if m.probe}
-        return merge_trees(trees, self.calibration.chance, cut, budget.max_nodes, keep_all, state.tokens.device)
+        merged = merge_trees(trees, self.calibration.chance, cut, budget.max_nodes, keep_all, state.tokens.device)
+        merged.extra.fixed_budget = budget.fixed  # read back in update(), with the step's result
+        return merged
 
     # --- learning ----------------------------------------------------------------------------
     def _calibrate(self, info: MergedTree, accepted: list[int]) -> dict[int, float]:
@@ -296,7 +296,7 @@ class HybridDrafter:
             t0 = time.perf_counter()
             m.drafter.update(self._member_result(i, m, result, info))
             if info is not None and info.trees[i] is not None:
-                self._judge(i, m, credit.get(i, 0.0), m.propose_s + time.perf_counter() - t0)
+                self._judge(i, m, credit.get(i, 0.0), m.propose_s + time.perf_counter() - t0, not info.fixed_budget)
         for i, c in credit.items():
             self.member_accepted[self.members[i].name] += c
         self._measure_rate(result.new_tokens.numel())
@@ -307,9 +307,10 @@ class HybridDrafter:
             self._rate = [0.9 * self._rate[0] + committed, 0.9 * self._rate[1] + now - self._last_step]
         self._last_step = now
 
-    def _judge(self, i: int, m: Member, credited: float, seconds: float) -> None:
+    def _judge(self, i: int, m: Member, credited: float, seconds: float, timed: bool) -> None:
         """After a step m was asked: does it pay? Its best node must clear the floor, and the tokens
-        credited to it must beat what its drafting time would have produced at the hybrid's rate."""
+        credited to it must beat what its drafting time would have produced at the hybrid's rate (`timed`; under
+        a fixed budget a floor on the credited tokens instead)."""
         m.asked += 1
         keep = 0.8
         m.value = credited if m.asked == 1 else keep * m.value + (1 - keep) * credited
@@ -317,7 +318,7 @@ class HybridDrafter:
         rate = self._rate[0] / self._rate[1] if self._rate[1] > 0 else 0.0
         # under a fixed budget measured timings must not change the tree (one seed reproduces a sample): there a
         # member pays while it is credited FIXED_MIN_VALUE tokens per asked step
-        worth = m.asked < MIN_ASKED or (m.value >= m.cost_s * rate if self._timed else m.value >= FIXED_MIN_VALUE)
+        worth = m.asked < MIN_ASKED or (m.value >= m.cost_s * rate if timed else m.value >= FIXED_MIN_VALUE)
         pays = worth and self.calibration.chance(i, 1, 0) >= self.min_chance
         if m.probe:
             m.probe = False

@@ -65,6 +65,7 @@ class MergedTree:
     where: list[list[int | None] | None]
     trees: list[DraftTree | None]
     slot_draws: list[list[tuple[Draw, int]]] = field(default_factory=list)  # per slot: (draw, merged node)
+    fixed_budget: bool = False  # the step's budget was fixed (verify.budget.Budget.fixed): judge without timings
 
     def whole(self, m: int) -> bool:
         """Member m was asked and every node of its tree is in the merged tree."""
