@@ -113,10 +113,14 @@ def python_files() -> list[tuple[str, Path]]:
     return stdlib_files() + dependency_files()
 
 
+class CorpusError(ValueError):
+    """A corpus that cannot be read as asked: one line naming the source and what is wrong."""
+
+
 def corpus_from_files(files: list[tuple[str, Path]], source: str) -> Corpus:
     """Read (relative path, path) pairs and split them by file."""
     if not files:
-        raise FileNotFoundError(f"no .py files found for corpus {source!r}")
+        raise CorpusError(f"no .py files found for corpus {source!r}")
     rows = {"train": {"path": [], "text": []}, "heldout": {"path": [], "text": []}}
     fp = hashlib.sha256()
     for rel, path in files:
@@ -139,13 +143,55 @@ def _local_rows(path: str, text_column: str) -> dict:
     with open(path, encoding="utf-8") as fh:
         if path.endswith(".txt"):
             return {text_column: fh.read().splitlines()}
-        if path.endswith(".jsonl"):
-            records = [json.loads(line) for line in fh if line.strip()]
-        else:
-            data = json.load(fh)
-            records = data if isinstance(data, list) else [dict(zip(data, r)) for r in zip(*data.values())]
+        records = _jsonl_records(fh, path) if path.endswith(".jsonl") else _json_records(fh, path)
     columns = {k for r in records for k in r}
     return {c: [r.get(c) for r in records] for c in sorted(columns)}
+
+
+def _jsonl_records(fh, path: str) -> list[dict]:
+    records = []
+    for n, line in enumerate(fh, 1):
+        if line.strip():
+            try:
+                records.append(_record(json.loads(line), path, n))
+            except json.JSONDecodeError as e:
+                raise CorpusError(f"{path}: line {n} is not JSON ({e.msg})") from None
+    return records
+
+
+def _json_records(fh, path: str) -> list[dict]:
+    """A list of records, or an object of equally long columns."""
+    try:
+        data = json.load(fh)
+    except json.JSONDecodeError as e:
+        raise CorpusError(f"{path}: line {e.lineno} is not JSON ({e.msg})") from None
+    if isinstance(data, dict) and all(isinstance(v, list) for v in data.values()) and \
+            len({len(v) for v in data.values()}) <= 1:
+        data = [dict(zip(data, r)) for r in zip(*data.values())]
+    if not isinstance(data, list):
+        raise CorpusError(f"{path}: expected a list of records or an object of equally long columns (lists)")
+    return [_record(r, path, n) for n, r in enumerate(data, 1)]
+
+
+def _record(r, path: str, n: int) -> dict:
+    if not isinstance(r, dict):
+        raise CorpusError(f"{path}: record {n} is {type(r).__name__}, not an object of named fields")
+    return r
+
+
+def corpus_problem(source: str) -> str | None:
+    """Why `source` cannot be a corpus now (one clause), or None; checked before any model loads."""
+    if source in ("stdlib", "python") or os.path.isdir(source):
+        return None
+    kinds = "a corpus is stdlib, python, a folder of .py files, a .txt/.json/.jsonl file or a hub dataset"
+    if source.endswith((".txt", ".json", ".jsonl")):
+        return None if os.path.isfile(source) else "no such file"
+    if source.startswith((".", "/", "~")) or source.count("/") > 1 or os.path.isdir(source.split("/")[0]):
+        return f"no such folder or file ({kinds})"  # a path, not a hub dataset's name
+    from draftkit.models import hub_problem
+
+    problem = hub_problem(source, repo_type="dataset")
+    return None if problem is None else problem.replace("no such folder,", "no such folder or file,")
 
 
 def build_corpus(source: str = "stdlib", text_column: str = "text", heldout_fraction: float = 0.05) -> Corpus:
@@ -163,10 +209,13 @@ def build_corpus(source: str = "stdlib", text_column: str = "text", heldout_frac
         with open(source, "rb") as fh:
             fp = hashlib.sha256(source.encode() + b"\0" + hashlib.sha256(fh.read()).digest()).hexdigest()
     else:  # a hub dataset: needs network, first-class for real users
-        ds = load_dataset(source, split="train")
+        try:
+            ds = load_dataset(source, split="train")
+        except (OSError, ValueError) as e:  # not on the hub, private, no "train" split, out of reach
+            raise CorpusError(f"corpus {source!r}: {' '.join(str(e).split())}") from None
         fp = hashlib.sha256(f"{source}:{ds._fingerprint}".encode()).hexdigest()
     if text_column not in ds.column_names:
-        raise KeyError(f"dataset {source!r} has no column {text_column!r}; columns: {ds.column_names}")
+        raise CorpusError(f"dataset {source!r} has no column {text_column!r}; columns: {ds.column_names}")
     ds = ds.rename_column(text_column, "text") if text_column != "text" else ds
     split = ds.train_test_split(test_size=heldout_fraction, seed=0)
     return Corpus(train=split["train"], heldout=split["test"], fingerprint=fp, source=source)

@@ -20,20 +20,27 @@ def resolve(name_or_path: str | None, default: str) -> str:
     return verified_path(default) if name_or_path in (None, "", "default") else name_or_path
 
 
-def hub_problem(name: str) -> str | None:
-    """Why the hub id `name` cannot be loaded now (one clause), or None: a local folder, in the local hub cache,
-    or the hub answers within HUB_TIMEOUT_S. Without it, no network costs a minute of retries and a traceback."""
+def hub_problem(name: str, repo_type: str = "model") -> str | None:
+    """Why the hub id `name` (a model, or with repo_type "dataset" a dataset) cannot be loaded now (one clause),
+    or None: a local folder, in the local hub cache, or the hub answers within HUB_TIMEOUT_S. Without it, no
+    network costs a minute of retries and a traceback."""
     from huggingface_hub import constants, try_to_load_from_cache
 
     if os.path.exists(os.path.expanduser(name)):
         return None
     try:
-        if isinstance(try_to_load_from_cache(name, "config.json"), str):
+        if repo_type == "dataset":
+            try_to_load_from_cache(name, "README.md", repo_type="dataset")  # checks the id's form
+            if _dataset_cached(name, constants.HF_HUB_CACHE):
+                return None
+        elif isinstance(try_to_load_from_cache(name, "config.json"), str):
             return None
     except ValueError:  # not of a hub id's form (a mistyped path): from_pretrained would say "Repo id must use ..."
         return "no such folder, and not a hub id (org/name) either"
     if constants.HF_HUB_OFFLINE:
         return "neither a folder nor in the local hub cache, and HF_HUB_OFFLINE is set"
+    if repo_type == "dataset" and os.environ.get("HF_DATASETS_OFFLINE") == "1":
+        return "neither a folder nor in the local datasets cache, and HF_DATASETS_OFFLINE is set"
     url = urlparse(constants.ENDPOINT)
     try:
         socket.create_connection((url.hostname, url.port or (80 if url.scheme == "http" else 443)),
@@ -42,6 +49,14 @@ def hub_problem(name: str) -> str | None:
         return (f"neither a folder nor reachable: the hub ({constants.ENDPOINT}) did not answer within "
                 f"{HUB_TIMEOUT_S:.0f} s (no network? HF_HUB_OFFLINE=1 uses the local hub cache only)")
     return None
+
+
+def _dataset_cached(name: str, hub_cache: str) -> bool:
+    """A hub dataset downloaded before: in the hub's cache or in datasets' own (where load_dataset finds it
+    offline)."""
+    datasets_cache = os.environ.get("HF_DATASETS_CACHE") or os.path.join(os.path.dirname(hub_cache), "datasets")
+    return os.path.isdir(os.path.join(hub_cache, "datasets--" + name.replace("/", "--"))) or \
+        os.path.isdir(os.path.join(datasets_cache, name.replace("/", "___")))
 
 
 def check_reachable(name: str) -> str:

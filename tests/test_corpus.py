@@ -54,8 +54,34 @@ def test_local_text_and_json_files_are_read_in_memory(tmp_path):
     jl.write_text("\n".join(json.dumps({"body": f"text {i}", "id": i}) for i in range(20)))
     c = dc.build_corpus(str(jl), text_column="body")
     assert sorted(list(c.train["text"]) + list(c.heldout["text"])) == sorted(f"text {i}" for i in range(20))
-    with pytest.raises(KeyError, match="no column"):
+    with pytest.raises(dc.CorpusError, match="no column"):
         dc.build_corpus(str(jl), text_column="missing")
+
+
+@pytest.mark.parametrize("name, text, says", [
+    ("bad.jsonl", '{"text": "a"}\n{"text": \n', "bad.jsonl: line 2 is not JSON"),
+    ("bad.json", '{"text": ["a", "b"', "bad.json: line 1 is not JSON"),
+    ("list.jsonl", '{"text": "a"}\n["b"]\n', "list.jsonl: record 2 is list"),
+    ("cols.json", '{"text": "not a column"}', "expected a list of records or an object of equally long columns"),
+    ("ragged.json", '{"text": ["a", "b"], "id": [1]}', "equally long columns")])
+def test_a_malformed_local_file_is_one_line_naming_where(tmp_path, name, text, says):
+    (tmp_path / name).write_text(text)
+    with pytest.raises(dc.CorpusError, match=says):
+        dc.build_corpus(str(tmp_path / name))
+
+
+@pytest.mark.parametrize("source, says", [("missing.txt", "no such file"), ("./a/b", "no such folder or file"),
+                                          ("x/y/z", "no such folder or file"), ("stdlib", None)])
+def test_corpus_problem_names_what_cannot_be_read_before_anything_loads(source, says):
+    problem = dc.corpus_problem(source)
+    assert problem is None if says is None else says in problem
+
+
+def test_an_unreachable_hub_dataset_is_refused_at_once(monkeypatch):
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    assert "HF_HUB_OFFLINE is set" in dc.corpus_problem("someorg/not-downloaded-here")
 
 
 def test_eval_can_read_the_corpus_without_train():
@@ -66,3 +92,13 @@ def test_eval_can_read_the_corpus_without_train():
     from draftkit.train.data import PROSE_FILE, build_local_corpus  # the old import still works
 
     assert PROSE_FILE is dc.PROSE_FILE and build_local_corpus is dc.build_local_corpus
+
+
+def test_a_downloaded_hub_dataset_needs_no_network(tmp_path, monkeypatch):
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    (tmp_path / "hub" / "datasets--someorg--chats").mkdir(parents=True)
+    assert dc.corpus_problem("someorg/chats") is None  # load_dataset reads it from the cache
+    assert "HF_HUB_OFFLINE is set" in dc.corpus_problem("someorg/other")

@@ -110,6 +110,17 @@ def test_unknown_flags_are_one_line_naming_the_nearest_flag(argv, says, capsys):
     assert exit_.value.code == 2 and len(err.splitlines()) == 1 and says in err, err
 
 
+@pytest.mark.parametrize("corpus, says", [("./nosuch.jsonl", "--corpus ./nosuch.jsonl: no such file"),
+                                          ("data/x/y", "--corpus data/x/y: no such folder or file")])
+def test_a_corpus_that_is_not_there_is_one_line_before_anything_loads(corpus, says, capsys):
+    from draftkit.train.eagle import EagleTrainConfig
+
+    with pytest.raises(SystemExit) as exit_:
+        parse_config(EagleTrainConfig, ["--corpus", corpus])
+    err = capsys.readouterr().err.strip()
+    assert exit_.value.code == 2 and len(err.splitlines()) == 1 and says in err, err
+
+
 LAUNCH = [sys.executable, "train/launch.py", "--config_file", "recipes/accelerate/single.yaml"]
 
 

@@ -105,6 +105,10 @@ def main(argv=None) -> int:
         ap.error(f"{args.draft} holds no config.json: pass an EAGLE or DFlash draft folder")
     if args.prompts < 1 or args.new_tokens < 1:
         ap.error("--prompts and --new-tokens must be >= 1")
+    from draftkit.corpus import corpus_problem
+
+    if corpus_problem(args.corpus):
+        ap.error(f"--corpus {args.corpus}: {corpus_problem(args.corpus)}")
     with open(config) as fh:
         raw = json.load(fh)
     if raw.get("kind") not in KINDS:  # before any model loads
@@ -115,7 +119,10 @@ def main(argv=None) -> int:
     from draftkit.drafters.dflash_formats import load_dflash_draft
     from draftkit.drafters.formats import load_eagle_draft
 
-    target, tokenizer = dk.load_target(args.target)
+    try:
+        target, tokenizer = dk.load_target(args.target)
+    except OSError as e:  # a folder that is not there, a hub id out of reach
+        ap.error(f"--target {' '.join(str(e).split())}")
     load = load_dflash_draft if raw["kind"] == "dflash" else load_eagle_draft
     try:
         draft = load(args.draft, target).float().eval()

@@ -71,6 +71,11 @@ class TrainConfig:
         self.cache_dir = self.cache_dir.replace("{output_dir}", self.output_dir)
         bad = [f"{k} must be >= 1, got {getattr(self, k)}" for k in
                ("max_steps", "gradient_accumulation_steps", "checkpoint_every") if getattr(self, k) < 1]
+        from draftkit.corpus import corpus_problem
+
+        problem = corpus_problem(self.corpus)  # before any model loads or any folder is made
+        if problem:
+            bad.append(f"--corpus {self.corpus}: {problem}")
         if bad:
             raise TrainError("; ".join(bad))
 

@@ -304,9 +304,12 @@ def save_hf(model, tokenizer, out_dir: str, dtype=torch.float16) -> None:
 
 
 def cli(main, argv=None) -> None:
-    """Run a recipe's main(argv); a TrainError ends it with one line on stderr and exit code 2."""
+    """Run a recipe's main(argv); a TrainError (or a corpus that cannot be read) ends it with one line on stderr
+    and exit code 2."""
+    from draftkit.corpus import CorpusError
+
     try:
         main(argv)
-    except TrainError as err:
+    except (TrainError, CorpusError) as err:
         print(f"{os.path.basename(sys.argv[0])}: error: {err}", file=sys.stderr)
         sys.exit(2)
