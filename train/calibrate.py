@@ -23,8 +23,6 @@ import torch  # noqa: E402
 
 GRID = (1.0, 0.7, 0.5, 0.35, 0.25)  # tree temperatures tried, 1.0 (the draft as trained) first
 MIN_GAIN = 0.01  # the draft keeps T = 1 unless another T commits this much more a step (not a fit to noise)
-
-
 KINDS = ("eagle", "dflash")  # config kinds of the drafts whose greedy tree reads tree_temperature
 
 
