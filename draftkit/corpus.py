@@ -186,9 +186,10 @@ def corpus_problem(source: str) -> str | None:
     kinds = "a corpus is stdlib, python, a folder of .py files, a .txt/.json/.jsonl file or a hub dataset"
     if source.endswith((".txt", ".json", ".jsonl")):
         return None if os.path.isfile(source) else "no such file"
-    if source.startswith((".", "/", "~")) or source.count("/") > 1 or os.path.isdir(source.split("/")[0]):
+    from draftkit.models import hub_problem, looks_like_path
+
+    if looks_like_path(source):
         return f"no such folder or file ({kinds})"  # a path, not a hub dataset's name
-    from draftkit.models import hub_problem
 
     problem = hub_problem(source, repo_type="dataset")
     return None if problem is None else problem.replace("no such folder,", "no such folder or file,")

@@ -20,6 +20,12 @@ def resolve(name_or_path: str | None, default: str) -> str:
     return verified_path(default) if name_or_path in (None, "", "default") else name_or_path
 
 
+def looks_like_path(name: str) -> bool:
+    """A local path rather than a hub id ("name" or "org/name"): it starts like a path, has more than one "/",
+    or lies under an existing folder."""
+    return name.startswith((".", "/", "~")) or name.count("/") > 1 or os.path.isdir(name.split("/")[0])
+
+
 def hub_problem(name: str, repo_type: str = "model") -> str | None:
     """Why the hub id `name` (a model, or with repo_type "dataset" a dataset) cannot be loaded now (one clause),
     or None: a local folder, in the local hub cache, or the hub answers within HUB_TIMEOUT_S. Without it, no

@@ -185,7 +185,7 @@ _config_flag.add_argument("--config")
 
 def resolve_model(name: str, kind: str, flag: str = "--target") -> str:
     """A model folder or hub id; "default" (or empty) is the shipped zoo's `kind` (target, draft, medusa, ...)."""
-    from draftkit.models import hub_problem, resolve
+    from draftkit.models import hub_problem, looks_like_path, resolve
     from draftkit.zoo import ZooError
 
     if name in ("", "default", None):
@@ -194,8 +194,7 @@ def resolve_model(name: str, kind: str, flag: str = "--target") -> str:
         except ZooError as err:
             raise TrainError(f"{flag} default: {err}") from None
         return os.path.relpath(path) if path.is_relative_to(Path.cwd().resolve()) else str(path)
-    # hub ids are "name" or "org/name"; anything else (or under an existing folder) is a local path
-    looks_local = name.startswith((".", "/", "~")) or name.count("/") > 1 or os.path.isdir(name.split("/")[0])
+    looks_local = looks_like_path(name)
     if looks_local and not os.path.exists(os.path.expanduser(name)):
         raise TrainError(f"{flag} {name}: no such folder (train it first, or leave {flag} unset for the "
                          f"shipped {kind})")
