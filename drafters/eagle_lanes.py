@@ -22,7 +22,7 @@ class EagleLanes(DraftLanes):
         first = drafters[0]
         if any(getattr(d, "todo", None) for d in drafters):
             raise ValueError("EAGLE lanes are formed right after the drafters' reset")
-        super().__init__(drafters, 1, first.dtype, first.device)
+        super().__init__(drafters, first.draft.cache_config.num_hidden_layers, first.dtype, first.device)
         self.draft, self.embed, self.logits, self.dtype = first.draft, first.embed, first._logits, first.dtype
 
     @staticmethod

@@ -15,6 +15,8 @@ EAGLE-3 (SafeAILab cnets.py, vLLM llama_eagle3.py, SGLang llama_eagle3.py, SpecF
     a   = attn([input_layernorm(emb); hidden_norm(g)])   q/k/v take 2H inputs
     h   = g + a                                    (norm_before_residual: hidden_norm(g) + a)
     out = h + mlp(post_attention_layernorm(h))     the PRE-norm output: fed back as g on later steps
+    out = later_layers[i](out)                     num_hidden_layers > 1 only: plain pre-norm Llama layers, as
+                                                   vLLM's llama_eagle3 runs layers 1.. (4-layer P-EAGLE drafts)
     logits = lm_head(norm(out)) over the draft vocabulary; draft id i is target id i + d2t[i].
 
 forward() returns `out` (what is fed back); logits(out, head) gives target-vocabulary logits, -inf
@@ -80,8 +82,9 @@ def llama_layer_config(target_or_config) -> dict:
 
 
 def llama_config(layer_config: dict) -> LlamaConfig:
+    """The draft's LlamaConfig: its layer sizes; num_hidden_layers is its decoder layers (the cache's layers)."""
     conf = {k: v for k, v in layer_config.items() if k != "model_type"}
-    conf.update(num_hidden_layers=1, use_cache=True)
+    conf.update(num_hidden_layers=int(layer_config.get("num_hidden_layers", 1)), use_cache=True)
     cfg = LlamaConfig(**conf)
     cfg._attn_implementation = "sdpa"  # what AutoModel picks on this machine, as for draftkit's layout
     return cfg
@@ -106,12 +109,22 @@ def frequent_tokens(token_stream: torch.Tensor, vocab_size: int, n: int) -> torc
     return counts.topk(min(n, vocab_size)).indices.sort().values
 
 
-def reference_config(target, feature_layers: Sequence[int] | None = None, draft_vocab_size: int = 0) -> EagleConfig:
+def reference_config(target, feature_layers: Sequence[int] | None = None, draft_vocab_size: int = 0,
+                     draft_layers: int = 1) -> EagleConfig:
     hidden, vocab, layers = target_shape(target)
     feats = normalize_layers(feature_layers, layers)
     check_feature_layers(feats, layers)
-    return EagleConfig(hidden, vocab, layers, feats, _target_name(target), llama_layer_config(target),
+    check_draft_layers(draft_layers, feats)
+    layer_config = {**llama_layer_config(target), "num_hidden_layers": int(draft_layers)}
+    return EagleConfig(hidden, vocab, layers, feats, _target_name(target), layer_config,
                        layout=LAYOUT, draft_vocab_size=int(draft_vocab_size if 0 < draft_vocab_size < vocab else 0))
+
+
+def check_draft_layers(draft_layers: int, feats: list[int]) -> None:
+    """EAGLE-1/2 drafts have one decoder layer (what every engine computes); EAGLE-3 / P-EAGLE any number >= 1."""
+    if draft_layers < 1 or (len(feats) == 1 and draft_layers != 1):
+        raise ValueError(f"a reference {'EAGLE-1/2' if len(feats) == 1 else 'EAGLE-3'} draft has "
+                         f"{'exactly one' if len(feats) == 1 else '1 or more'} decoder layers, got {draft_layers}")
 
 
 def check_feature_layers(feats: list[int], num_layers: int) -> None:
@@ -142,6 +155,7 @@ class _ReferenceDraft(nn.Module):
         super().__init__()
         self.config = config
         self.layer_config = llama_config(config.layer_config)
+        check_draft_layers(self.layer_config.num_hidden_layers, config.feature_layers)
         self.rotary_emb = LlamaRotaryEmbedding(self.layer_config)
         self._rows = None  # EAGLE-1/2 with a reduced vocabulary: cached rows of the target's LM head
 
@@ -301,13 +315,16 @@ class Eagle3Midlayer(nn.Module):
 
 
 class Eagle3Draft(_ReferenceDraft):
-    """fc(3 target layers) -> midlayer -> (fed back pre-norm) ; norm -> lm_head over the draft vocabulary."""
+    """fc(3 target layers) -> midlayer -> later_layers -> (fed back pre-norm) ; norm -> lm_head over the draft
+    vocabulary. later_layers (num_hidden_layers - 1 plain Llama layers, cache layers 1..) export as layers.1.."""
 
     def __init__(self, config: EagleConfig):
         super().__init__(config)
         h = config.hidden_size
         self.fc = nn.Linear(3 * h, h, bias=False)
         self.midlayer = Eagle3Midlayer(self.layer_config, config.norm_before_residual)
+        self.later_layers = nn.ModuleList([LlamaDecoderLayer(self.layer_config, layer_idx=i)
+                                           for i in range(1, self.layer_config.num_hidden_layers)])
         self.norm = LlamaRMSNorm(h, eps=self.layer_config.rms_norm_eps)
         self.lm_head = nn.Linear(h, self.draft_vocab, bias=False)
         self._register_vocab(always=True)
@@ -321,8 +338,12 @@ class Eagle3Draft(_ReferenceDraft):
             features = self.fc(features)
         embeds = embeds.to(features.dtype)
         mask, rope, position_ids = self._positions(embeds, cache, attention_mask, position_ids)
-        return self.midlayer(embeds, features, mask, rope, cache=cache, position_ids=position_ids,
-                             use_cache=cache is not None)
+        out = self.midlayer(embeds, features, mask, rope, cache=cache, position_ids=position_ids,
+                            use_cache=cache is not None)
+        for layer in self.later_layers:
+            out = layer(out, attention_mask=mask, position_ids=position_ids, cache=cache,
+                        use_cache=cache is not None, position_embeddings=rope)
+        return out
 
     def draft_logits(self, features: torch.Tensor, head: nn.Module | None = None) -> torch.Tensor:
         return self.lm_head(self.norm(features.to(self.lm_head.weight.dtype)))
@@ -350,17 +371,18 @@ def build_draft(config: EagleConfig) -> nn.Module:
 
 @torch.no_grad()
 def make_draft(target, feature_layers: Sequence[int] | None = None, layout: str = "draftkit",
-               draft_ids: torch.Tensor | None = None, init_from_target: bool = False) -> nn.Module:
+               draft_ids: torch.Tensor | None = None, init_from_target: bool = False,
+               draft_layers: int = 1) -> nn.Module:
     """A fresh draft for `target`. layout "draftkit": EagleDraftModel (draft_ids must be None);
-    "reference": EAGLE-1/2 (one feature layer) or EAGLE-3 (three), with a reduced draft vocabulary
-    when draft_ids (target ids) is given. EAGLE-3's lm_head starts as the target's rows, its final
-    norm as the target's; init_from_target also copies what fits of the target's last layer."""
+    "reference": EAGLE-1/2 (one feature layer) or EAGLE-3 (three; `draft_layers` decoder layers), with a
+    reduced draft vocabulary when draft_ids (target ids) is given. EAGLE-3's lm_head starts as the target's
+    rows, its final norm as the target's; init_from_target also copies what fits of the target's last layer."""
     if layout == "draftkit":
-        if draft_ids is not None:
-            raise ValueError("a reduced draft vocabulary needs layout: reference")
+        if draft_ids is not None or draft_layers != 1:
+            raise ValueError("a reduced draft vocabulary or more than one draft layer needs layout: reference")
         return EagleDraftModel.from_target(target, feature_layers, init_from_target)
     n = 0 if draft_ids is None else int(torch.as_tensor(draft_ids).unique().numel())
-    config = reference_config(target, feature_layers, n)
+    config = reference_config(target, feature_layers, n, draft_layers)
     draft = build_draft(config)
     if draft.reduced:
         draft.set_vocab(draft_ids)
@@ -375,9 +397,10 @@ def make_draft(target, feature_layers: Sequence[int] | None = None, layout: str 
         if weight is not None and weight.shape == draft.norm.weight.shape:
             draft.norm.weight.copy_(norm.weight)
         if init_from_target and last is not None:
-            own = draft.midlayer.state_dict()
-            fits = {k: v for k, v in last.state_dict().items() if k in own and own[k].shape == v.shape}
-            draft.midlayer.load_state_dict(fits, strict=False)
+            for layer in [draft.midlayer, *draft.later_layers]:
+                own = layer.state_dict()
+                fits = {k: v for k, v in last.state_dict().items() if k in own and own[k].shape == v.shape}
+                layer.load_state_dict(fits, strict=False)
     elif init_from_target and last is not None:
         own = draft.layers[0].state_dict()
         fits = {k: v for k, v in last.state_dict().items() if k in own and own[k].shape == v.shape}
@@ -385,5 +408,27 @@ def make_draft(target, feature_layers: Sequence[int] | None = None, layout: str 
     return draft.float()
 
 
-__all__ = ["Eagle1Draft", "Eagle3Draft", "Eagle3Midlayer", "build_draft", "make_draft", "reference_config",
+@torch.no_grad()
+def deepen(draft: Eagle3Draft, draft_layers: int) -> Eagle3Draft:
+    """A copy of an EAGLE-3 / P-EAGLE draft with `draft_layers` decoder layers that computes what it computes:
+    the added layers' residual branches start at zero (o_proj and down_proj zero), so training starts from the
+    trained draft's outputs and grows the deeper layers from there."""
+    have = draft.layer_config.num_hidden_layers
+    if draft_layers < have:
+        raise ValueError(f"the draft has {have} decoder layers; it cannot be cut to {draft_layers}")
+    if draft_layers == have:
+        return draft
+    config = EagleConfig(**{**asdict(draft.config), "layer_config": {**draft.config.layer_config,
+                                                                     "num_hidden_layers": int(draft_layers)}})
+    deeper = build_draft(config)
+    state = deeper.state_dict()
+    state.update(draft.state_dict())
+    deeper.load_state_dict(state)
+    for layer in deeper.later_layers[have - 1:]:
+        layer.self_attn.o_proj.weight.zero_()
+        layer.mlp.down_proj.weight.zero_()
+    return deeper.float()
+
+
+__all__ = ["Eagle1Draft", "deepen", "check_draft_layers", "Eagle3Draft", "Eagle3Midlayer", "build_draft", "make_draft", "reference_config",
            "llama_layer_config", "llama_config", "vocab_mapping", "frequent_tokens", "check_feature_layers"]

@@ -22,13 +22,21 @@ def _llama_export_fields(draft, dtype: torch.dtype) -> dict:
     scaling = None if rope.get("rope_type", "default") == "default" else rope
     return {
         "model_type": "llama", "hidden_size": lc.hidden_size, "intermediate_size": lc.intermediate_size,
-        "num_hidden_layers": 1, "num_attention_heads": lc.num_attention_heads,
+        "num_hidden_layers": lc.num_hidden_layers, "num_attention_heads": lc.num_attention_heads,
         "num_key_value_heads": lc.num_key_value_heads, "head_dim": lc.head_dim, "hidden_act": lc.hidden_act,
         "rms_norm_eps": lc.rms_norm_eps, "rope_theta": theta, "rope_scaling": scaling,
         "max_position_embeddings": lc.max_position_embeddings, "vocab_size": draft.config.vocab_size,
         "tie_word_embeddings": False, "attention_bias": bool(lc.attention_bias), "mlp_bias": bool(lc.mlp_bias),
         "initializer_range": lc.initializer_range, "torch_dtype": str(dtype).replace("torch.", ""),
     }
+
+
+def _engine_layer_name(key: str) -> str:
+    """later_layers.i.* (the draft's decoder layers after its first) as the engines name them: layers.(i + 1).*"""
+    if not key.startswith("later_layers."):
+        return key
+    index, rest = key[len("later_layers."):].split(".", 1)
+    return f"layers.{int(index) + 1}.{rest}"
 
 
 def _draftkit_meta(draft, fmt: str) -> dict:
@@ -55,6 +63,11 @@ def export_eagle(draft, fmt: str, out: str, dtype: torch.dtype = torch.float16, 
     if parallel and fmt == "sglang":
         raise ExportRefused("SGLang has no parallel drafting for EAGLE-3 drafts; export P-EAGLE with --format vllm "
                             "(vLLM eagle3 with parallel_drafting) or speculators")
+    if fmt == "sglang" and draft.layer_config.num_hidden_layers > 1:
+        raise ExportRefused(f"SGLang's EAGLE-3 runs one draft layer, this draft has "
+                            f"{draft.layer_config.num_hidden_layers}; export it with --format vllm or speculators")
+    # layers after the first: draftkit's later_layers.i are the engines' layers.(i + 1)
+    state = {_engine_layer_name(k): v for k, v in state.items()}
     if len(c.feature_layers) == 3:  # EAGLE-3
         ids = [int(k) for k in c.feature_layers]  # hidden_states[k] = the residual stream entering layer k
         if fmt == "sglang" and c.norm_before_residual:

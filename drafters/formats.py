@@ -213,8 +213,6 @@ def _import_public_eagle(path: str, cfg: dict, fmt: str, target):
         if cfg.get("speculators_model_type") not in ("eagle3", "peagle"):
             raise ValueError(f"{path}: speculators type {cfg.get('speculators_model_type')!r} is not supported "
                              "here (EAGLE loads eagle3 and peagle; dflash loads with the dflash drafter)")
-        state = {k.replace("layers.0.", "midlayer.", 1) if k.startswith("layers.0.") else k: v
-                 for k, v in state.items()}
         fmt = "eagle3"
     for flag in ("norm_before_fc", "fc_norm", "norm_output", "add_para_norm"):
         if cfg.get(flag) or layer_src.get(flag):
@@ -241,6 +239,9 @@ def _import_public_eagle(path: str, cfg: dict, fmt: str, target):
     else:
         raise ValueError(f"{path}: pass the target (its layer count is not in this checkpoint)")
     layer_config = llama_layer_config(SimpleNamespace(**{**layer_src, "vocab_size": vocab}))
+    if fmt == "eagle3":
+        state = {_draft_layer_name(k): v for k, v in state.items()}
+        layer_config["num_hidden_layers"] = _eagle3_layers(state, layer_src, path)
     layer_config["attention_bias"] = bool(layer_src.get("attention_bias", False))
     layer_config["mlp_bias"] = bool(layer_src.get("mlp_bias", False))
     for k in ("embed_tokens.weight", "lm_head.weight") if fmt == "eagle1" else ("embed_tokens.weight",):
@@ -296,6 +297,27 @@ def _import_public_eagle(path: str, cfg: dict, fmt: str, target):
         config = EagleConfig(hidden, vocab, num_layers, [num_layers], made, layer_config, layout=LAYOUT,
                              fc_bias=has_bias, draft_vocab_size=int(ids.numel()) if reduced else 0)
     return build_draft(config).load_weights(state, path)
+
+
+def _draft_layer_name(key: str) -> str:
+    """An EAGLE-3 weight's name in the engines' layout (layers.0 = the fusing first layer, SafeAILab's midlayer;
+    layers.k = plain layers after it) as the draft names it (midlayer, later_layers.(k - 1))."""
+    if not key.startswith("layers."):
+        return key
+    index, rest = key[len("layers."):].split(".", 1)
+    return f"midlayer.{rest}" if index == "0" else f"later_layers.{int(index) - 1}.{rest}"
+
+
+def _eagle3_layers(state: dict, layer_src: dict, path: str) -> int:
+    """The draft's decoder layers: its weights' (the first plus later_layers), which must be what the config's
+    num_hidden_layers says (a folder missing a layer's weights would otherwise draft with fewer layers)."""
+    later = {int(k.split(".")[1]) for k in state if k.startswith("later_layers.")}
+    layers = 1 + (max(later) + 1 if later else 0)
+    said = int(layer_src.get("num_hidden_layers") or 1)
+    if later != set(range(layers - 1)) or said != layers:
+        raise ValueError(f"{path}: config.json says {said} draft layers, the weights hold layers "
+                         f"{sorted({0} | {k + 1 for k in later})}")
+    return layers
 
 
 def _parallel_token(cfg: dict, state: dict, path: str) -> int | None:

@@ -40,12 +40,14 @@ class PEagleDraft(Eagle3Draft):
 
 @torch.no_grad()
 def make_peagle_draft(target, feature_layers, mask_token_id: int, draft_ids: torch.Tensor | None = None,
-                      init_from_target: bool = False) -> PEagleDraft:
-    """A fresh P-EAGLE draft for `target`, initialised as make_draft initialises a reference EAGLE-3 draft."""
+                      init_from_target: bool = False, draft_layers: int = 1) -> PEagleDraft:
+    """A fresh P-EAGLE draft for `target`, initialised as make_draft initialises a reference EAGLE-3 draft.
+    One decoder layer can only gather raw inputs for a placeholder (depth >= 2 then sees no guess of the tokens
+    above it); deeper drafts (the published ones have 4 layers) let later layers read what earlier ones made."""
     from draftkit.drafters.eagle_reference import make_draft
 
-    return peagle_from_eagle3(make_draft(target, feature_layers, "reference", draft_ids, init_from_target),
-                              mask_token_id)
+    base = make_draft(target, feature_layers, "reference", draft_ids, init_from_target, draft_layers)
+    return peagle_from_eagle3(base, mask_token_id)
 
 
 def peagle_from_eagle3(base: Eagle3Draft, mask_token_id: int) -> PEagleDraft:

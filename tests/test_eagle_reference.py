@@ -23,12 +23,14 @@ def target8():
     return tiny_target(layers=8)
 
 
-def test_reference_draft_cache_matches_recomputation(target8):
-    """The incremental draft (KV cache, tree masks, catch-up) equals running the draft from scratch."""
+@pytest.mark.parametrize("draft_layers", [1, 2])
+def test_reference_draft_cache_matches_recomputation(target8, draft_layers):
+    """The incremental draft (KV cache, tree masks, catch-up) equals running the draft from scratch, also when
+    the draft has decoder layers after its first (each with its own cache layer)."""
     from draftkit.verify.tree import path_slots
 
     torch.manual_seed(0)
-    draft = make_draft(target8, [2, 4, 6], "reference", DRAFT_IDS)
+    draft = make_draft(target8, [2, 4, 6], "reference", DRAFT_IDS, draft_layers=draft_layers)
 
     class Log(EagleDrafter):
         def propose(self, state):

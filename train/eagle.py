@@ -43,7 +43,7 @@ from torch import nn  # noqa: E402
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache  # noqa: E402
 
 from draftkit.drafters.eagle import EagleDraftModel, EagleDrafter  # noqa: E402
-from draftkit.drafters.eagle_reference import frequent_tokens, make_draft  # noqa: E402
+from draftkit.drafters.eagle_reference import deepen, frequent_tokens, make_draft  # noqa: E402
 from draftkit.drafters.peagle import PEagleDraft, PEagleDrafter, make_peagle_draft  # noqa: E402
 from draftkit.train import decode_eval  # noqa: E402
 from draftkit.train.calibrate import fit_for_report  # noqa: E402
@@ -65,7 +65,10 @@ class EagleTrainConfig(TargetDataConfig):
     init_from: str = field("", "continue from an existing EAGLE draft (a folder, or default: the shipped one of this "
                                "layout and feature layers), keeping its layout, features and draft vocabulary; with "
                                "parallel_depths an EAGLE-3 draft starts P-EAGLE (its weights, a fresh mask_hidden)")
-    init_from_target: bool = field(False, "start the draft's decoder layer as a copy of the target's last layer")
+    init_from_target: bool = field(False, "start the draft's decoder layers as copies of the target's last layer")
+    draft_layers: int = field(1, "reference EAGLE-3 / P-EAGLE: decoder layers of the draft (the first fuses token and "
+                                 "features, the others are plain Llama layers; vLLM serves any number, SGLang one); "
+                                 "with init_from a shallower draft grows to this many, its outputs unchanged at first (1: the draft's own)")
     layout: str = field("draftkit", "draft architecture: draftkit (its own) or reference (the zoo's: what vLLM / "
                                     "SGLang compute, exportable with train/export.py)")
     draft_vocab_size: int = field(0, "reference layout: the draft vocabulary = this many most frequent target tokens "
@@ -100,6 +103,10 @@ class EagleTrainConfig(TargetDataConfig):
                                      or self.ttt_steps != 1):
             raise TrainError("parallel_depths (P-EAGLE) needs layout: reference, three feature_layers and ttt_steps: 1 "
                              f"(got {self.layout}, {self.feature_layers}, {self.ttt_steps})")
+        if self.draft_layers < 1 or (self.draft_layers > 1 and (self.layout != "reference"
+                                                                 or len(self.feature_layers) != 3)):
+            raise TrainError(f"draft_layers must be 1, or more with layout: reference and three feature_layers "
+                             f"(EAGLE-3, P-EAGLE); got {self.draft_layers}")
         if self.parallel_depths < 0:
             raise TrainError(f"parallel_depths must be >= 0, got {self.parallel_depths}")
 
@@ -195,7 +202,12 @@ def initial_draft(cfg, target):
     if list(draft.config.feature_layers) != list(want):
         raise TrainError(f"--init_from {cfg.init_from} reads hidden states {draft.config.feature_layers}, this run's "
                          f"feature_layers are {want}")
-    return draft
+    if cfg.draft_layers == 1:  # the draft keeps the layers it has
+        return draft
+    try:
+        return deepen(draft, cfg.draft_layers).train()
+    except ValueError as err:
+        raise TrainError(f"--init_from {cfg.init_from}: {err}") from None
 
 
 def draft_inputs(batch, layers: list[int], num_layers: int) -> torch.Tensor:
@@ -266,12 +278,15 @@ def main(argv=None):
                 draft = peagle_from_eagle3(draft, mask_token(tokenizer, cfg.mask_token_id))
         elif cfg.parallel_depths:
             mask = mask_token(tokenizer, cfg.mask_token_id)
-            draft = make_peagle_draft(target, cfg.feature_layers, mask, draft_ids, cfg.init_from_target)
+            draft = make_peagle_draft(target, cfg.feature_layers, mask, draft_ids, cfg.init_from_target,
+                                      cfg.draft_layers)
         else:
-            draft = make_draft(target, cfg.feature_layers, cfg.layout, draft_ids, cfg.init_from_target)
+            draft = make_draft(target, cfg.feature_layers, cfg.layout, draft_ids, cfg.init_from_target,
+                               cfg.draft_layers)
         draft.config.target_name = target_path
         n_params = sum(p.numel() for p in draft.parameters())
-        acc.print(f"EAGLE draft ({cfg.layout} layout): {n_params:,} parameters, features from hidden states "
+        acc.print(f"EAGLE draft ({cfg.layout} layout, {draft.cache_config.num_hidden_layers} decoder layers): "
+                  f"{n_params:,} parameters, features from hidden states "
                   f"{draft.config.feature_layers}, draft vocabulary {draft.config.draft_vocab_size or 'full'}, "
                   f"ttt_steps {cfg.ttt_steps}")
         num_layers = target.config.num_hidden_layers
