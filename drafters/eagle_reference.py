@@ -430,5 +430,6 @@ def deepen(draft: Eagle3Draft, draft_layers: int) -> Eagle3Draft:
     return deeper.float()
 
 
-__all__ = ["Eagle1Draft", "deepen", "check_draft_layers", "Eagle3Draft", "Eagle3Midlayer", "build_draft", "make_draft", "reference_config",
-           "llama_layer_config", "llama_config", "vocab_mapping", "frequent_tokens", "check_feature_layers"]
+__all__ = ["Eagle1Draft", "deepen", "check_draft_layers", "Eagle3Draft", "Eagle3Midlayer", "build_draft",
+           "make_draft", "reference_config", "llama_layer_config", "llama_config", "vocab_mapping",
+           "frequent_tokens", "check_feature_layers"]

@@ -68,7 +68,8 @@ class EagleTrainConfig(TargetDataConfig):
     init_from_target: bool = field(False, "start the draft's decoder layers as copies of the target's last layer")
     draft_layers: int = field(1, "reference EAGLE-3 / P-EAGLE: decoder layers of the draft (the first fuses token and "
                                  "features, the others are plain Llama layers; vLLM serves any number, SGLang one); "
-                                 "with init_from a shallower draft grows to this many, its outputs unchanged at first (1: the draft's own)")
+                                 "with init_from a shallower draft grows to this many, its outputs unchanged at first "
+                                 "(1: the draft's own)")
     layout: str = field("draftkit", "draft architecture: draftkit (its own) or reference (the zoo's: what vLLM / "
                                     "SGLang compute, exportable with train/export.py)")
     draft_vocab_size: int = field(0, "reference layout: the draft vocabulary = this many most frequent target tokens "
