@@ -191,8 +191,7 @@ def corpus_problem(source: str) -> str | None:
     if looks_like_path(source):
         return f"no such folder or file ({kinds})"  # a path, not a hub dataset's name
 
-    problem = hub_problem(source, repo_type="dataset")
-    return None if problem is None else problem.replace("no such folder,", "no such folder or file,")
+    return hub_problem(source, repo_type="dataset")
 
 
 def build_corpus(source: str = "stdlib", text_column: str = "text", heldout_fraction: float = 0.05) -> Corpus:

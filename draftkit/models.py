@@ -34,6 +34,7 @@ def hub_problem(name: str, repo_type: str = "model") -> str | None:
 
     if os.path.exists(os.path.expanduser(name)):
         return None
+    local = "folder" if repo_type == "model" else "folder or file"  # what a local dataset may also be
     try:
         if repo_type == "dataset":
             try_to_load_from_cache(name, "README.md", repo_type="dataset")  # checks the id's form
@@ -42,17 +43,17 @@ def hub_problem(name: str, repo_type: str = "model") -> str | None:
         elif isinstance(try_to_load_from_cache(name, "config.json"), str):
             return None
     except ValueError:  # not of a hub id's form (a mistyped path): from_pretrained would say "Repo id must use ..."
-        return "no such folder, and not a hub id (org/name) either"
+        return f"no such {local}, and not a hub id (org/name) either"
     if constants.HF_HUB_OFFLINE:
-        return "neither a folder nor in the local hub cache, and HF_HUB_OFFLINE is set"
+        return f"neither a {local} nor in the local hub cache, and HF_HUB_OFFLINE is set"
     if repo_type == "dataset" and os.environ.get("HF_DATASETS_OFFLINE") == "1":
-        return "neither a folder nor in the local datasets cache, and HF_DATASETS_OFFLINE is set"
+        return f"neither a {local} nor in the local datasets cache, and HF_DATASETS_OFFLINE is set"
     url = urlparse(constants.ENDPOINT)
     try:
         socket.create_connection((url.hostname, url.port or (80 if url.scheme == "http" else 443)),
                                  timeout=HUB_TIMEOUT_S).close()
     except OSError:
-        return (f"neither a folder nor reachable: the hub ({constants.ENDPOINT}) did not answer within "
+        return (f"neither a {local} nor reachable: the hub ({constants.ENDPOINT}) did not answer within "
                 f"{HUB_TIMEOUT_S:.0f} s (no network? HF_HUB_OFFLINE=1 uses the local hub cache only)")
     return None
 

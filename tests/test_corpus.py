@@ -81,7 +81,8 @@ def test_an_unreachable_hub_dataset_is_refused_at_once(monkeypatch):
     from huggingface_hub import constants
 
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
-    assert "HF_HUB_OFFLINE is set" in dc.corpus_problem("someorg/not-downloaded-here")
+    said = dc.corpus_problem("someorg/not-downloaded-here")
+    assert said == "neither a folder or file nor in the local hub cache, and HF_HUB_OFFLINE is set", said
 
 
 def test_eval_can_read_the_corpus_without_train():
