@@ -124,13 +124,21 @@ def tiny_run(tmp_path_factory):
     return make_tiny_run(tmp_path_factory.mktemp("peagle_train"), layers=4)
 
 
-def test_training_lowers_the_loss(tiny_run):
+TRAIN_FLAGS = ("--layout", "reference", "--feature_layers", "[1, 2, 3]", "--parallel_depths", "3",
+               "--draft_vocab_size", "-1", "--feature_noise", "0", "--feature_loss_weight", "0", "--token_loss_weight", "1")
+
+
+@pytest.fixture(scope="module")
+def trained(tiny_run):
+    """(run folder, report) of a 24-step one-layer P-EAGLE run on the tiny target."""
     from draftkit.train import eagle as train_eagle
 
     out = tiny_run / "run"
-    report = train_eagle.main(train_argv(tiny_run, out, 24, "--layout", "reference", "--feature_layers", "[1, 2, 3]",
-                                         "--parallel_depths", "3", "--draft_vocab_size", "-1", "--feature_noise", "0",
-                                         "--feature_loss_weight", "0", "--token_loss_weight", "1"))
+    return out, train_eagle.main(train_argv(tiny_run, out, 24, *TRAIN_FLAGS))
+
+
+def test_training_lowers_the_loss(tiny_run, trained):
+    out, report = trained
     first, last = early_late(report["history"], "loss")
     assert last < first - 0.1, (first, last)
     assert len(report["heldout_top1_by_depth"]) == 3 and report["tau"] >= 1.0
@@ -173,3 +181,21 @@ def first_depth_tokens(target, drafter, prompt, steps=6):
     drafter.propose = spy
     generate(target, prompt, drafter, max_new_tokens=steps, budget="fixed")
     return seen
+
+
+def test_training_grows_a_trained_draft(tiny_run, trained):
+    """--init_from a one-layer P-EAGLE run with --draft_layers 2: the run starts from the trained draft's outputs
+    (its first loss near the first run's last ones, not a fresh draft's) and ships a two-layer draft."""
+    from transformers import AutoModelForCausalLM
+
+    from draftkit.train import eagle as train_eagle
+
+    base, base_report = trained
+    base_losses = [h["loss"] for h in base_report["history"]]
+    out = tiny_run / "grown"
+    report = train_eagle.main(train_argv(tiny_run, out, 4, *TRAIN_FLAGS, "--init_from", str(base / "final"),
+                                         "--draft_layers", "2"))
+    first = report["history"][0]["loss"]
+    assert first < base_losses[0] - 0.1 and first < max(base_losses[-6:]) + 0.3, (first, base_losses)
+    drafter = PEagleDrafter.from_pretrained(str(out / "final"), AutoModelForCausalLM.from_pretrained(str(tiny_run / "target")))
+    assert drafter.draft.layer_config.num_hidden_layers == 2 and len(drafter.draft.later_layers) == 1
