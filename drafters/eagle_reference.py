@@ -40,8 +40,8 @@ from transformers.masking_utils import create_causal_mask
 from transformers.models.llama.modeling_llama import (LlamaAttention, LlamaDecoderLayer, LlamaMLP, LlamaRMSNorm,
                                                       LlamaRotaryEmbedding)
 
-from draftkit.drafters.eagle import (CONFIG_NAME, WEIGHTS_NAME, EagleConfig, EagleDraftModel, _target_name, _text_config,
-                            normalize_layers, target_shape)
+from draftkit.drafters.eagle import (CONFIG_NAME, WEIGHTS_NAME, EagleConfig, EagleDraftModel, _target_name,
+                                     _text_config, normalize_layers, target_shape)
 
 LAYOUT = "reference"
 

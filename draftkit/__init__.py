@@ -31,9 +31,9 @@ from draftkit.models import load_model, load_target
 
 DRAFTERS = tuple(REGISTRY)
 
-__all__ = ["BestOfN", "Budget", "DRAFTERS", "best_of_n", "generate_batch", "lane_drafters", "DecodeState", "DraftTree", "Drafter",
-           "GenerationOutput", "Grammar", "GrammarError", "NoDrafter", "Sampling",
-           "StepResult", "ZooError", "generate", "load_model", "load_target", "make_drafter"]
+__all__ = ["BestOfN", "Budget", "DRAFTERS", "best_of_n", "generate_batch", "lane_drafters", "DecodeState", "DraftTree",
+           "Drafter", "GenerationOutput", "Grammar", "GrammarError", "NoDrafter", "Sampling", "StepResult", "ZooError",
+           "generate", "load_model", "load_target", "make_drafter"]
 
 
 def make_drafter(method: str, target, path: str | None = None, tokenizer=None, **flags) -> Drafter:

@@ -126,7 +126,8 @@ def loop_overhead(target, prompts, n: int) -> tuple[float, float]:
 
 
 def draft_shares(target, tok, prompts, n: int) -> dict[str, tuple[float, float]]:
-    """(draft share of a step, tau) for EAGLE-2 (tree, chain), EAGLE-3 (tree) and the standalone chain, fixed budgets."""
+    """(draft share of a step, tau) for EAGLE-2 (tree, chain), EAGLE-3 (tree) and the standalone chain,
+    fixed budgets."""
     out = {}
     for name in ("eagle", "eagle-chain", "eagle3", "standalone"):
         drafter = dk.make_drafter(name, target, tokenizer=tok)
@@ -147,7 +148,8 @@ def transfers(target, tok, ids, n: int) -> dict[str, dict[str, float]]:
         drafter = dk.make_drafter(name, target, tokenizer=tok)
         dk.generate(target, ids, drafter, max_new_tokens=8, eos_token_id=[])  # one-time costs (the probe, profiles)
         with SyncCounter(drafter) as counter:
-            steps = len(dk.generate(target, ids, drafter, max_new_tokens=n, eos_token_id=[], budget="fixed").stats.steps)
+            steps = len(dk.generate(target, ids, drafter, max_new_tokens=n, eos_token_id=[],
+                                    budget="fixed").stats.steps)
         out[name] = counter.per_step(steps)
     return out
 

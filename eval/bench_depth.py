@@ -144,8 +144,8 @@ def main(argv=None) -> int:
     plain_ms = 1e3 * statistics.median(sec / max(1, len(st)) for sec, _, st in plain)
     load_after = busy_elsewhere()
     print(f"machine: {os.cpu_count()} cores, torch {torch.__version__} with {torch.get_num_threads()} threads; "
-          f"other processes kept {_load(load_before)} cores busy before, {_load(load_after)} after (timings assume an idle "
-          "machine)")
+          f"other processes kept {_load(load_before)} cores busy before, {_load(load_after)} after "
+          "(timings assume an idle machine)")
     print(f"plain decoding: {plain_ms:.1f} ms per token; {len(prompts)} prompts x {args.new_tokens} tokens, greedy, "
           "chains of exactly D tokens every step")
     print(f"{'drafter':<8} {'D':>2} {'draft ms':>9} {'draft%':>7} {'tau':>5} {'speedup':>20}")
@@ -156,7 +156,8 @@ def main(argv=None) -> int:
                   f"{r['speedup']:>6.2f}x [{r['speedup_min']:.2f}-{r['speedup_max']:.2f}]")
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "depth.json"), "w") as fh:
-        json.dump({"depths": args.depths, "plain_ms_per_token": plain_ms, "busy_cores_elsewhere": [load_before, load_after],
+        json.dump({"depths": args.depths, "plain_ms_per_token": plain_ms,
+                   "busy_cores_elsewhere": [load_before, load_after],
                    "prompts": len(prompts), "new_tokens": args.new_tokens, "rows": table}, fh, indent=1)
     png = plot(table, args.depths, os.path.join(args.out, "depth.png"))
     print(f"wrote {os.path.join(args.out, 'depth.json')}" + (f" and {png}" if png else ""))

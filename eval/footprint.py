@@ -80,8 +80,8 @@ def param_count(obj, target=None) -> int:
     """Parameters of `obj`'s own modules (those it shares with the target excluded)."""
     shared = {id(p) for p in target.parameters()} if target is not None else set()
     parts = [obj] + [getattr(m, "drafter", m) for m in getattr(obj, "members", ())]  # a hybrid: its members too
-    mods = [p for p in parts if isinstance(p, torch.nn.Module)] + [v for p in parts if not isinstance(p, torch.nn.Module)
-                                                                   for v in vars(p).values()
-                                                                   if isinstance(v, torch.nn.Module)]
+    held = [v for p in parts if not isinstance(p, torch.nn.Module) for v in vars(p).values()
+            if isinstance(v, torch.nn.Module)]  # the modules a plain-object drafter holds
+    mods = [p for p in parts if isinstance(p, torch.nn.Module)] + held
     own = {id(p): p for m in mods for p in m.parameters() if id(p) not in shared}
     return sum(p.numel() for p in own.values())

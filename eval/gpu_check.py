@@ -314,7 +314,8 @@ def compile_section(device, dtype, args) -> dict:
     prompts = repetitive_prompts(target.config.vocab_size, args.prompts, args.prompt_len)
     t0 = time.perf_counter()  # plain decoding's one bucket, on a buffer as large as the longest prompt needs
     warm_compiled(target, static_capacity(max(map(len, prompts)), 1, args.max_new_tokens, 0), 1)
-    return {"compile_s": time.perf_counter() - t0,"tokens_per_s": tokens_per_s(target, {"plain": lambda: None}, prompts, args.max_new_tokens, args.repeats,
+    return {"compile_s": time.perf_counter() - t0,
+            "tokens_per_s": tokens_per_s(target, {"plain": lambda: None}, prompts, args.max_new_tokens, args.repeats,
                                          compile=True)}
 
 

@@ -16,7 +16,8 @@ PROMPTS = [
     "import json\n\n# one row of the users table\nrecord = json.loads('",
     "def test_parse_user():\n    raw = '",
     "USERS = [\n    # exported from the staff directory\n    json.loads('",
-    "import json\n\n\ndef load_default_user():\n    \"\"\"The account created on first start.\"\"\"\n    return json.loads('",
+    "import json\n\n\ndef load_default_user():\n"
+    "    \"\"\"The account created on first start.\"\"\"\n    return json.loads('",
     "class UserTests(unittest.TestCase):\n    def test_roundtrip(self):\n        text = '",
     "# fixtures/user.json holds one user:\nFIXTURE = '",
     "    def to_json(self):\n        # e.g. '",

@@ -28,7 +28,8 @@ class Method:
     kind: str = "draftkit"  # "draftkit" (our loop), "peer" (transformers' generate)
     footprint: Callable[[], dict] | None = None  # bytes the method holds beside the target (eval/footprint.py)
     about: str = ""  # its settings, for the table
-    counters: Callable[[], dict] | None = None  # the drafter's own running totals (a hybrid's accepted tokens per member)
+    # the drafter's own running totals (a hybrid's accepted tokens per member)
+    counters: Callable[[], dict] | None = None
 
 
 @dataclass

@@ -39,7 +39,8 @@ def label(folder: str) -> str:
 
 
 def top1_key(row: dict) -> str | None:
-    """The held-out top-1 metric a recipe logs (EAGLE: acc_0; Medusa: head0_agreement, or head0_top1 in older runs; draft: top1_agreement)."""
+    """The held-out top-1 metric a recipe logs (EAGLE: acc_0; Medusa: head0_agreement, or head0_top1 in older runs;
+    draft: top1_agreement)."""
     return next((k for k in ("acc_0", "head0_agreement", "head0_top1", "top1_agreement", "acc_1") if k in row), None)
 
 

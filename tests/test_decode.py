@@ -111,7 +111,8 @@ def test_eos_inside_an_accepted_draft_stops_there():
 
 def test_stats_are_consistent():
     target = tiny_model("llama")
-    out = generate(target, torch.arange(10), drafter=StandaloneDrafter(tiny_model("llama", hidden=16, layers=1, seed=1), max_depth=3),
+    out = generate(target, torch.arange(10),
+                   drafter=StandaloneDrafter(tiny_model("llama", hidden=16, layers=1, seed=1), max_depth=3),
                    max_new_tokens=40, eos_token_id=[])
     s = out.stats
     assert s.new_tokens == 40

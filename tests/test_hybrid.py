@@ -54,8 +54,8 @@ def member(name: str, target):
     return StandaloneDrafter(tiny_model("llama", hidden=16, layers=1, seed=1), max_depth=3, top_k=2, max_nodes=6)
 
 
-PROMPTS = [torch.tensor([3, 9, 4, 3, 9, 4, 3, 9, 11, 12, 3, 9]), torch.randint(0, 64, (10,),
-                                                                               generator=torch.Generator().manual_seed(4))]
+PROMPTS = [torch.tensor([3, 9, 4, 3, 9, 4, 3, 9, 11, 12, 3, 9]),
+           torch.randint(0, 64, (10,), generator=torch.Generator().manual_seed(4))]
 
 
 def greedy_pair(a: str, b: str, n: int = 24):

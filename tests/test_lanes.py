@@ -1,6 +1,6 @@
 """The drafters of a batch's lanes drafting together (drafters/lanes.py: EAGLE, P-EAGLE and standalone;
-drafters/dflash_lanes.py: DFlash; drafters/medusa_lanes.py: Medusa): the same trees and draft caches as alone, lossless batches, and each drafter
-back on its own after its batch."""
+drafters/dflash_lanes.py: DFlash; drafters/medusa_lanes.py: Medusa): the same trees and draft caches as alone,
+lossless batches, and each drafter back on its own after its batch."""
 import pytest
 import torch
 

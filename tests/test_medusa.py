@@ -213,7 +213,8 @@ def test_greedy_equals_plain_decoding_trained_heads():
 def test_shared_lm_head_and_save_roundtrip(tmp_path):
     target = tiny_target(seed=4)
     heads = fit_heads(target, num_heads=2, share_lm_head=True, steps=30)
-    drafter = MedusaDrafter(target, heads, build_tree_choices(default_accuracies(2), 6), accuracies=default_accuracies(2))
+    drafter = MedusaDrafter(target, heads, build_tree_choices(default_accuracies(2), 6),
+                            accuracies=default_accuracies(2))
     assert_greedy_equal(target, drafter, prompts_for(64)[:2], [9])
     drafter.save_pretrained(str(tmp_path / "m"))
     from safetensors.torch import load_file
@@ -229,7 +230,8 @@ def test_shared_lm_head_and_save_roundtrip(tmp_path):
 
 def test_typical_acceptance_runs():
     target = tiny_target(seed=5)
-    drafter = MedusaDrafter(target, fit_heads(target, num_heads=2, steps=30), build_tree_choices(default_accuracies(2), 8))
+    drafter = MedusaDrafter(target, fit_heads(target, num_heads=2, steps=30),
+                            build_tree_choices(default_accuracies(2), 8))
     out = generate(target, torch.tensor([1, 2]), drafter=drafter, max_new_tokens=20, eos_token_id=[],
                    sampling=Sampling(temperature=0.7, acceptance="typical"), seed=0)
     assert out.tokens.numel() == 20 and not out.lossless

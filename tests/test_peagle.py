@@ -125,7 +125,8 @@ def tiny_run(tmp_path_factory):
 
 
 TRAIN_FLAGS = ("--layout", "reference", "--feature_layers", "[1, 2, 3]", "--parallel_depths", "3",
-               "--draft_vocab_size", "-1", "--feature_noise", "0", "--feature_loss_weight", "0", "--token_loss_weight", "1")
+               "--draft_vocab_size", "-1", "--feature_noise", "0", "--feature_loss_weight", "0",
+               "--token_loss_weight", "1")
 
 
 @pytest.fixture(scope="module")
@@ -144,7 +145,8 @@ def test_training_lowers_the_loss(tiny_run, trained):
     assert len(report["heldout_top1_by_depth"]) == 3 and report["tau"] >= 1.0
     from transformers import AutoModelForCausalLM
 
-    drafter = PEagleDrafter.from_pretrained(str(out / "final"), AutoModelForCausalLM.from_pretrained(str(tiny_run / "target")))
+    drafter = PEagleDrafter.from_pretrained(str(out / "final"),
+                                            AutoModelForCausalLM.from_pretrained(str(tiny_run / "target")))
     assert tuple(drafter.draft.mask_hidden.shape) == (1, 1, 3 * 32)
 
 
@@ -197,5 +199,6 @@ def test_training_grows_a_trained_draft(tiny_run, trained):
                                          "--draft_layers", "2"))
     first = report["history"][0]["loss"]
     assert first < base_losses[0] - 0.1 and first < max(base_losses[-6:]) + 0.3, (first, base_losses)
-    drafter = PEagleDrafter.from_pretrained(str(out / "final"), AutoModelForCausalLM.from_pretrained(str(tiny_run / "target")))
+    drafter = PEagleDrafter.from_pretrained(str(out / "final"),
+                                            AutoModelForCausalLM.from_pretrained(str(tiny_run / "target")))
     assert drafter.draft.layer_config.num_hidden_layers == 2 and len(drafter.draft.later_layers) == 1

@@ -318,7 +318,8 @@ def test_zoo_build_commands_parse_and_finished_stages_are_skipped(tmp_path, mode
         assert cfg.corpus == "python" and cfg.target == str(done) and cfg.output_dir.startswith(str(tmp_path))
         assert cfg.regenerate and cfg.cache_dir == str(tmp_path / "cache")  # one regenerated data set for all
         if mode == "gpu":  # the trainings in bf16; prepare_data keeps the target's own dtype
-            assert cfg.train_rows == 16384 and (script == "prepare_data" or cfg.mixed_precision == "bf16" and not cfg.wandb)
+            assert cfg.train_rows == 16384 and (script == "prepare_data"
+                                                or cfg.mixed_precision == "bf16" and not cfg.wandb)
 
 
 def readme_training_commands(readme: Path) -> list[str]:

@@ -158,7 +158,8 @@ def main(argv=None):
                 "block_size": cfg.block_size, "draft_layers": cfg.draft_layers,
                 "target_layers": model.draft.config.target_layers, "mask_token_id": mask,
                 "target": target_path, "corpus": data.corpus.source, "corpus_fingerprint": data.corpus.fingerprint,
-                "regenerated": cfg.regenerate, "data_mode": cfg.data_mode, "tokens_seen": loop.tokens_seen(cfg.max_steps),
+                "regenerated": cfg.regenerate, "data_mode": cfg.data_mode,
+                "tokens_seen": loop.tokens_seen(cfg.max_steps),
                 "scaling": loop.heldout_history(),
                 "output": out,
             }

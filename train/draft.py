@@ -1,13 +1,14 @@
-"""Distil the standalone draft model from the target.
+r"""Distil the standalone draft model from the target.
 
-    python train/launch.py --config_file recipes/accelerate/single.yaml train/draft.py --config recipes/draft/distill.yaml
+    python train/launch.py --config_file recipes/accelerate/single.yaml \
+        train/draft.py --config recipes/draft/distill.yaml
     python train/draft.py --config recipes/draft/distill.yaml           # one CPU
 
 Loss: KL(p_target || q_draft) over the whole vocabulary at every trained position (the draft learns the target's
 distributions, not just the next token), plus an optional cross-entropy term. The rows and p come through the
-one data path (train/targetdata.py): text the target regenerated, p from its stored final hidden state. `init_from` starts
-from an existing small causal LM instead of random weights ("default": the shipped draft); with `lora_r` > 0
-only LoRA adapters (peft) train. The target defaults to the shipped one (zoo/target).
+one data path (train/targetdata.py): text the target regenerated, p from its stored final hidden state.
+`init_from` starts from an existing small causal LM instead of random weights ("default": the shipped draft);
+with `lora_r` > 0 only LoRA adapters (peft) train. The target defaults to the shipped one (zoo/target).
 """
 from __future__ import annotations
 
@@ -53,7 +54,8 @@ def build_draft(cfg, target) -> torch.nn.Module:
         if cfg.lora_r:
             from peft import LoraConfig, get_peft_model
 
-            draft = get_peft_model(draft, LoraConfig(r=cfg.lora_r, lora_alpha=cfg.lora_alpha, target_modules="all-linear"))
+            draft = get_peft_model(draft, LoraConfig(r=cfg.lora_r, lora_alpha=cfg.lora_alpha,
+                                                     target_modules="all-linear"))
         return draft
     t = target.config
     config = llama_config(vocab_size=t.vocab_size, hidden_size=cfg.hidden_size, num_hidden_layers=cfg.num_layers,
@@ -125,7 +127,8 @@ def main(argv=None):
         report = {"heldout_loss": result.final["loss"], "top1_agreement": result.final["top1_agreement"],
                   "params": n_params, "steps": cfg.max_steps, "resumed_from": result.start_step,
                   "target": target_path, "corpus": data.corpus.source, "corpus_fingerprint": data.corpus.fingerprint,
-                  "regenerated": cfg.regenerate, "data_mode": cfg.data_mode, "tokens_seen": loop.tokens_seen(cfg.max_steps),
+                  "regenerated": cfg.regenerate, "data_mode": cfg.data_mode,
+                  "tokens_seen": loop.tokens_seen(cfg.max_steps),
                   "scaling": loop.heldout_history()}
         if loop.acc.is_main_process:
             save_hf(model, tokenizer, loop.final_dir)

@@ -1,6 +1,7 @@
-"""Train an EAGLE draft (EAGLE-1/2, or EAGLE-3 features + training-time test) for a frozen target.
+r"""Train an EAGLE draft (EAGLE-1/2, or EAGLE-3 features + training-time test) for a frozen target.
 
-    python train/launch.py --config_file recipes/accelerate/single.yaml train/eagle.py --config recipes/eagle/eagle2.yaml
+    python train/launch.py --config_file recipes/accelerate/single.yaml \
+        train/eagle.py --config recipes/eagle/eagle2.yaml
     python train/eagle.py --config recipes/eagle/eagle2.yaml          # one CPU
     python train/eagle.py --config recipes/eagle/eagle3.yaml
     python train/eagle.py --config recipes/eagle/peagle.yaml         # P-EAGLE (parallel_depths > 0)
@@ -259,7 +260,8 @@ def main(argv=None):
         target.requires_grad_(False)
         vocab = target.get_output_embeddings().weight.shape[0]
         if vocab < len(tokenizer):
-            raise TrainError(f"tokenizer of {cfg.target} has {len(tokenizer)} tokens but the model only {vocab} outputs")
+            raise TrainError(f"tokenizer of {cfg.target} has {len(tokenizer)} tokens "
+                             f"but the model only {vocab} outputs")
         torch.manual_seed(cfg.seed)
         feature_layers = list(cfg.feature_layers) or [-1]
         data = target_data(cfg, target, tokenizer, acc, feature_layers, seed=loop.data_seed)
@@ -330,7 +332,8 @@ def main(argv=None):
                 "feature_layers": model.draft.config.feature_layers, "ttt_steps": cfg.ttt_steps,
                 "layout": cfg.layout, "draft_vocab_size": model.draft.config.draft_vocab_size or None,
                 "target": target_path, "corpus": data.corpus.source, "corpus_fingerprint": data.corpus.fingerprint,
-                "regenerated": cfg.regenerate, "data_mode": cfg.data_mode, "trained_tokens_per_epoch": data.tokens_per_epoch,
+                "regenerated": cfg.regenerate, "data_mode": cfg.data_mode,
+                "trained_tokens_per_epoch": data.tokens_per_epoch,
                 "tokens_seen": loop.tokens_seen(cfg.max_steps), "scaling": loop.heldout_history(), "output": out,
             }
             loop.write_report(report)

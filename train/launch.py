@@ -1,6 +1,7 @@
-"""`accelerate launch` that checks the recipe first and ends the way the scripts do.
+r"""`accelerate launch` that checks the recipe first and ends the way the scripts do.
 
-    python train/launch.py --config_file recipes/accelerate/single.yaml train/eagle.py --config recipes/eagle/eagle2.yaml
+    python train/launch.py --config_file recipes/accelerate/single.yaml \
+        train/eagle.py --config recipes/eagle/eagle2.yaml
 
 Takes accelerate launch's arguments, unchanged. Before any process starts it parses the recipe's settings (the
 --config YAML and the flags) exactly as the script will, so a missing file, a YAML typo or a bad value is one
@@ -51,7 +52,8 @@ def main(argv=None) -> int:
     cls = recipe_config(args.training_script)
     if cls is not None:
         try:
-            parse_config(cls, args.training_script_args, prog=Path(args.training_script).name)  # exits 2 with one line on a bad setting (0 on --help)
+            # exits 2 with one line on a bad setting (0 on --help)
+            parse_config(cls, args.training_script_args, prog=Path(args.training_script).name)
         except SystemExit as done:
             return done.code if isinstance(done.code, int) else 2
     try:

@@ -1,6 +1,7 @@
-"""Train Medusa heads for a target (Medusa-1: frozen target; Medusa-2: joint LoRA fine-tune).
+r"""Train Medusa heads for a target (Medusa-1: frozen target; Medusa-2: joint LoRA fine-tune).
 
-    python train/launch.py --config_file recipes/accelerate/single.yaml train/medusa.py --config recipes/medusa/medusa1.yaml
+    python train/launch.py --config_file recipes/accelerate/single.yaml \
+        train/medusa.py --config recipes/medusa/medusa1.yaml
     python train/medusa.py --config recipes/medusa/medusa1.yaml          # one CPU
 
 Head k (0-based) reads the target's final hidden state h_t and predicts token
@@ -85,7 +86,8 @@ class MedusaConfig(TargetDataConfig):
         if not 0 < self.loss_positions <= 1:
             raise TrainError(f"loss_positions must be in (0, 1], got {self.loss_positions}")
         if self.mode == "medusa2" and self.data_mode == "cached":
-            raise TrainError("medusa2 fine-tunes the target, so its outputs cannot be stored ahead: use --data_mode online")
+            raise TrainError("medusa2 fine-tunes the target, so its outputs cannot be stored ahead: "
+                             "use --data_mode online")
 
 
 # ----------------------------------------------------------------------------- losses and metrics
@@ -182,7 +184,8 @@ def evaluate_heads(target, heads, data, blocks: int, top_k: int = 10) -> dict:
     return {"head_loss": (loss_sum / counts).tolist(), "per_rank": per_rank.tolist(),
             "topk": per_rank.cumsum(-1).tolist(), "agree_per_rank": agree_per_rank.tolist(),
             "agree_topk": agree_per_rank.cumsum(-1).tolist(),
-            "follow_top1": (follow_hits / follow_counts.clamp(min=1)).tolist(), "follow_positions": follow_counts.tolist(),
+            "follow_top1": (follow_hits / follow_counts.clamp(min=1)).tolist(),
+            "follow_positions": follow_counts.tolist(),
             "target_loss": lm_sum / lm_n, "blocks": n}
 
 

@@ -39,7 +39,8 @@ def layout(n_pairs: int, anchor_sets: list[torch.Tensor], device) -> tuple[torch
     (depth 1), then the placeholders by depth."""
     anchor = torch.cat([torch.arange(n_pairs)] + list(anchor_sets)).to(device)
     depth = torch.cat([torch.ones(n_pairs, dtype=torch.long)]
-                      + [torch.full((a.numel(),), d + 2, dtype=torch.long) for d, a in enumerate(anchor_sets)]).to(device)
+                      + [torch.full((a.numel(),), d + 2, dtype=torch.long)
+                         for d, a in enumerate(anchor_sets)]).to(device)
     is_pair = depth == 1
     sees_pair = is_pair[None, :] & (anchor[None, :] <= anchor[:, None])  # pairs up to the element's anchor
     own_chain = (anchor[None, :] == anchor[:, None]) & (depth[None, :] <= depth[:, None])
@@ -68,7 +69,8 @@ class PEagleLoss(nn.Module):
         x = torch.cat([feats, draft.placeholders(int((~pair).sum())).float()[None].expand(b, -1, -1)], 1)
         tok = torch.where(pair, ids[:, (anchor + 1).clamp_max(t - 1)],
                           torch.full_like(anchor, draft.config.mask_token_id)[None])  # (B, L)
-        mask = torch.zeros(allowed.shape, dtype=x.dtype, device=ids.device).masked_fill_(~allowed, torch.finfo(x.dtype).min)
+        mask = torch.zeros(allowed.shape, dtype=x.dtype, device=ids.device).masked_fill_(~allowed,
+                                                                                         torch.finfo(x.dtype).min)
         out = draft(x, embed(tok).float(), attention_mask=mask[None, None], position_ids=pos[None])  # (B, L, H)
         logp = draft.draft_logits(out).float().log_softmax(-1)  # (B, L, Vd)
         goal = pos + 1  # the element predicts x_{pos + 2} from the target's distribution at pos + 1

@@ -1,6 +1,7 @@
-"""Pretrain the default target: a small Llama-architecture causal LM.
+r"""Pretrain the default target: a small Llama-architecture causal LM.
 
-    python train/launch.py --config_file recipes/accelerate/single.yaml train/pretrain.py --config recipes/zoo/target.yaml
+    python train/launch.py --config_file recipes/accelerate/single.yaml \
+        train/pretrain.py --config recipes/zoo/target.yaml
     python train/pretrain.py --config recipes/zoo/target.yaml      # one CPU
 
 Trains the tokenizer first if `tokenizer_dir` holds none. The loop (train/loop.py) resumes a killed run
@@ -18,7 +19,8 @@ import torch  # noqa: E402
 from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM  # noqa: E402
 
 from draftkit.train.config import TrainConfig, TrainError, field, parse_config, shared  # noqa: E402
-from draftkit.train.data import BlockSampler, build_corpus, heldout_batches, token_streams, train_tokenizer  # noqa: E402
+from draftkit.train.data import (BlockSampler, build_corpus, heldout_batches, token_streams,  # noqa: E402
+                                 train_tokenizer)
 from draftkit.train.loop import Loop, cli, save_hf  # noqa: E402
 
 

@@ -1,7 +1,8 @@
-"""Copy a trained model folder into zoo/ and record it in zoo/manifest.json.
+r"""Copy a trained model folder into zoo/ and record it in zoo/manifest.json.
 
     python train/ship.py --name target --source runs/target/final \
-        --recipe recipes/zoo/target.yaml --command "accelerate launch train/pretrain.py --config recipes/zoo/target.yaml"
+        --recipe recipes/zoo/target.yaml \
+        --command "accelerate launch train/pretrain.py --config recipes/zoo/target.yaml"
 
 The manifest keeps, per model: the command and recipe that made it, the corpus
 fingerprint and held-out metrics from the run's train_report.json, the

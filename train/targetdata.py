@@ -135,7 +135,8 @@ def _pad_row(ids: list[int], trained: list[bool], seq_len: int, pad: int) -> tup
 def continue_text(target, prompts: torch.Tensor, new: int, temperature: float, eos: int, seed: int) -> torch.Tensor:
     """(B, P) prompts -> (B, P + new) with the target's continuation; rows that emitted EOS are padded with EOS."""
     torch.manual_seed(seed)  # generate's sampling draws from the global generator
-    sample = dict(do_sample=True, temperature=temperature, top_k=0, top_p=1.0) if temperature > 0 else dict(do_sample=False)
+    sample = dict(do_sample=True, temperature=temperature, top_k=0, top_p=1.0) if temperature > 0 \
+        else dict(do_sample=False)
     out = target.generate(input_ids=prompts, attention_mask=torch.ones_like(prompts), max_new_tokens=new,
                           pad_token_id=eos, eos_token_id=eos, **sample)
     if out.shape[1] < prompts.shape[1] + new:  # every row stopped early
@@ -176,7 +177,8 @@ def regenerate_conversations(target, tokenizer, convs: list[list[dict]], seq_len
                 else dict(do_sample=False)
             out = target.generate(**enc, max_new_tokens=room, pad_token_id=eos, eos_token_id=eos, **sample)
             for (c, i), row in zip(todo, out[:, enc["input_ids"].shape[1]:].tolist()):
-                c[i]["content"] = tokenizer.decode(row[:row.index(eos)] if eos in row else row, skip_special_tokens=True)
+                c[i]["content"] = tokenizer.decode(row[:row.index(eos)] if eos in row else row,
+                                                   skip_special_tokens=True)
             turn += 1
     finally:
         tokenizer.padding_side = side

@@ -178,7 +178,8 @@ def subtree(tree: DraftTree, nodes: list[int], q: bool) -> tuple[DraftTree, dict
     rows = None
     if q and tree.q is not None:
         rows = tree.q[torch.tensor(nodes, dtype=torch.long, device=tree.q.device)]
-    sub = DraftTree.from_lists([tokens[i] for i in nodes], [index[parents[i]] if parents[i] >= 0 else -1 for i in nodes],
+    sub = DraftTree.from_lists([tokens[i] for i in nodes],
+                               [index[parents[i]] if parents[i] >= 0 else -1 for i in nodes],
                                tree.tokens.device, q=rows, draws=tree.draws)
     draws = tree.sibling_draws
     if q and draws is not None:  # each kept slot's draws, renamed (a slot keeps all its children or none)

@@ -43,8 +43,8 @@ every node is a row of a forward that is already many rows (the batch planner of
 
 When D* = 0 the drafter idles, and every `probe_every` plain steps (doubling up to 32 while probes
 keep losing) it drafts one level of at most two nodes to re-measure, so a method that starts paying on
-later text is picked up again while a silent one costs next to nothing. Within a step, `Budget.min_path_prob` tells a drafter with path
-confidences (EAGLE-2, standalone trees) to stop expanding paths whose draft probability is
+later text is picked up again while a silent one costs next to nothing. Within a step, `Budget.min_path_prob`
+tells a drafter with path confidences (EAGLE-2, standalone trees) to stop expanding paths whose draft probability is
 below what one more depth costs.
 """
 from __future__ import annotations
@@ -394,5 +394,6 @@ class AutoBudget:
         return {"mean_depth": statistics.mean(d for d, _ in steps), "mean_nodes": statistics.mean(n for _, n in steps),
                 "plain_share": sum(d == 0 for d, _ in steps) / len(steps),
                 "predicted_speedup": (committed / seconds) * plain if seconds and plain else None,
-                "pass_rates": self.acceptance.rates(), "verify_scale": self.scale, "draft_s_by_depth": [self.draft_cost(d) for d in (1, 2, 4)],
+                "pass_rates": self.acceptance.rates(), "verify_scale": self.scale,
+                "draft_s_by_depth": [self.draft_cost(d) for d in (1, 2, 4)],
                 "verify_curve": dict(zip(self.profile.sizes, self.profile.ratios)) if self.profile else None}

@@ -257,7 +257,8 @@ def generate_packed(model, prompts, drafters, max_new_tokens: int = 64, sampling
                                   [max_new_tokens - ln.generated for ln in live],
                                   [ln.generated / max(len(ln.stats.steps), 1) for ln in live]) \
             if planning else [None] * len(live)
-        states, givens = zip(*[_state(ln, ver, sampling, max_new_tokens, draws, plan) for ln, plan in zip(live, planned)])
+        states, givens = zip(*[_state(ln, ver, sampling, max_new_tokens, draws, plan)
+                               for ln, plan in zip(live, planned)])
         budget_s = (clock.now() - t0) / len(live)
         proposed, draft_s = _proposals(live, list(states), groups, clock)  # each lane's own drafting time
         trees, checks = [], []
