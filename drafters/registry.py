@@ -127,6 +127,17 @@ def _eagle_from(default: str):
     return build_eagle
 
 
+def tree_drafter_class(draft) -> type:
+    """The drafter that drafts trees from a loaded EAGLE-family or DFlash draft: DFlashDrafter, PEagleDrafter
+    (an EAGLE-3 draft with mask_hidden) or EagleDrafter."""
+    from draftkit.drafters.dflash import DFlashDraft, DFlashDrafter
+    from draftkit.drafters.eagle import EagleDrafter
+    from draftkit.drafters.peagle import PEagleDraft, PEagleDrafter
+
+    return DFlashDrafter if isinstance(draft, DFlashDraft) else PEagleDrafter if isinstance(draft, PEagleDraft) \
+        else EagleDrafter
+
+
 def _shipped_or_given(path, default: str, hint: str) -> str:
     """The given folder, or the zoo's; a one-line error saying how to train it when the zoo has none."""
     from draftkit.models import resolve

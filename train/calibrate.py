@@ -29,14 +29,10 @@ KINDS = ("eagle", "dflash")  # config kinds of the drafts whose greedy tree read
 def tree_drafter(target, draft):
     """The drafter of an EAGLE (-2, -3, P-EAGLE) or DFlash draft at the default caps (registry.py: depth 4,
     8 nodes, top-k 2)."""
-    from draftkit.drafters.dflash import DFlashDraft, DFlashDrafter
-    from draftkit.drafters.eagle import EagleDrafter
-    from draftkit.drafters.peagle import PEagleDraft, PEagleDrafter
-    from draftkit.drafters.registry import SHARED_DEPTH, SHARED_NODES, EagleSettings
+    from draftkit.drafters.registry import SHARED_DEPTH, SHARED_NODES, EagleSettings, tree_drafter_class
 
-    kind = DFlashDrafter if isinstance(draft, DFlashDraft) else PEagleDrafter if isinstance(draft, PEagleDraft) \
-        else EagleDrafter
-    return kind(target, draft, max_depth=SHARED_DEPTH, max_nodes=SHARED_NODES, top_k=EagleSettings().top_k)
+    return tree_drafter_class(draft)(target, draft, max_depth=SHARED_DEPTH, max_nodes=SHARED_NODES,
+                                     top_k=EagleSettings().top_k)
 
 
 @torch.no_grad()

@@ -43,9 +43,10 @@ import torch.nn.functional as F  # noqa: E402
 from torch import nn  # noqa: E402
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache  # noqa: E402
 
-from draftkit.drafters.eagle import EagleDraftModel, EagleDrafter  # noqa: E402
+from draftkit.drafters.eagle import EagleDraftModel  # noqa: E402
 from draftkit.drafters.eagle_reference import deepen, frequent_tokens, make_draft  # noqa: E402
-from draftkit.drafters.peagle import PEagleDraft, PEagleDrafter, make_peagle_draft  # noqa: E402
+from draftkit.drafters.peagle import make_peagle_draft  # noqa: E402
+from draftkit.drafters.registry import tree_drafter_class  # noqa: E402
 from draftkit.train import decode_eval  # noqa: E402
 from draftkit.train.calibrate import fit_for_report  # noqa: E402
 from draftkit.train.config import TrainError, field, mask_token, parse_config, resolve_model, shared  # noqa: E402
@@ -244,7 +245,7 @@ def heldout_accuracy(loss_fn: EagleLoss, data, blocks: int) -> dict:
 
 def measure_tau(target, draft, stream: torch.Tensor, prompts: int, new_tokens: int, prompt_len: int = 128) -> dict:
     """Mean accepted length of the EAGLE-2 tree (P-EAGLE: its tree; default flags) on held-out prompts, greedy."""
-    drafter = (PEagleDrafter if isinstance(draft, PEagleDraft) else EagleDrafter)(target, draft.eval())
+    drafter = tree_drafter_class(draft)(target, draft.eval())
     return decode_eval.measure_tau(target, drafter, stream, prompts, new_tokens, prompt_len)
 
 
