@@ -71,6 +71,9 @@ class DFlashConfig:
     # greedy trees score paths by log softmax(logits / tree_temperature), fitted on the target's own text
     # (train/calibrate.py); chains and sampled trees do not read it
     tree_temperature: float = 1.0
+    # decoding: context positions more than this many before the root are hidden (0: none), the relative
+    # distances of training (train/dflash.py sets it to seq_len); see EagleConfig.attention_window
+    attention_window: int = 0
     kind: str = KIND
 
     def check(self) -> "DFlashConfig":
@@ -84,6 +87,8 @@ class DFlashConfig:
             raise ValueError(f"mask_token_id must lie in [0, {self.vocab_size}), got {self.mask_token_id}")
         if not self.tree_temperature > 0:
             raise ValueError(f"tree_temperature must be > 0, got {self.tree_temperature}")
+        if self.attention_window < 0:
+            raise ValueError(f"attention_window must be >= 0 (0: none), got {self.attention_window}")
         return self
 
     @property
@@ -241,8 +246,20 @@ class DFlashDraft(nn.Module):
             k, v = layer.self_attn.kv(ctx, rope_c)
             if cache is not None:
                 k, v = cache.append(i, k, v)
+                if i == 0:
+                    mask = self._windowed(mask, positions, k.shape[2])
             h = layer(h, rope_q, k, v, mask)
         return self.norm(h)
+
+    def _windowed(self, mask, positions: torch.Tensor, context: int):
+        """mask (B, 1, Q, C + Q) bool or None, with the context columns (column c: position c) more than
+        attention_window positions before each row's root hidden."""
+        w = self.config.attention_window
+        if not w or context < w:  # host ints (a root is at most `context`): nothing that far back
+            return mask
+        near = torch.arange(context, device=positions.device) > positions[:, :1] - w  # (B, C)
+        near = torch.cat([near, near.new_ones(near.shape[0], positions.shape[1])], 1)[:, None, None, :]
+        return near if mask is None else mask & near
 
     # --- files ---------------------------------------------------------------------------------------
     def check_target(self, target) -> None:

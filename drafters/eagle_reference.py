@@ -143,6 +143,22 @@ def check_feature_layers(feats: list[int], num_layers: int) -> None:
 # ----------------------------------------------------------------------------- shared pieces
 
 
+def windowed(mask: torch.Tensor | None, position_ids: torch.Tensor, keys: int, window: int) -> torch.Tensor | None:
+    """`mask` (B, 1, Q, K) bool or additive, or None for plain causal attention over K = `keys` columns, with
+    every column c <= position - window hidden from the query at that position (position_ids (B, Q)): column c
+    of a draft cache holds position c, and later columns (this step's) lie within the window."""
+    width = mask.shape[-1] if mask is not None else keys
+    if width <= window:  # host ints: nothing is that far back, no work and no sync
+        return mask
+    cols = torch.arange(width, device=position_ids.device)
+    q = position_ids[:, None, :, None]  # (B, 1, Q, 1)
+    far = cols <= q - window
+    if mask is None:
+        return (cols <= q) & ~far
+    return mask & ~far if mask.dtype == torch.bool else mask.masked_fill(far, torch.finfo(mask.dtype).min)
+
+
+
 class _ReferenceDraft(nn.Module):
     """What both reference drafts share: rotary positions, the causal mask, the vocabulary mapping, files."""
 
@@ -205,6 +221,8 @@ class _ReferenceDraft(nn.Module):
             position_ids = (torch.arange(x.shape[1], device=x.device) + past)[None]
         mask = create_causal_mask(config=self.layer_config, inputs_embeds=x, attention_mask=attention_mask,
                                   cache=cache, position_ids=position_ids)
+        if cache is not None and self.config.attention_window:  # decoding: cache column c holds position c
+            mask = windowed(mask, position_ids, cache.get_seq_length() + x.shape[1], self.config.attention_window)
         return mask, self.rotary_emb(x, position_ids=position_ids), position_ids
 
     def logits(self, features: torch.Tensor, head: nn.Module) -> torch.Tensor:

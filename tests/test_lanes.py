@@ -96,12 +96,17 @@ def record_trees(monkeypatch, cls, grouped: bool) -> dict:
 def test_lanes_draft_the_trees_and_caches_each_lane_drafts_alone(target2, kind, monkeypatch):
     """Every tree each lane proposes, and the draft's cached keys (a wrong position or mask moves them even where
     it flips no token), equal what the lane's drafter computes alone."""
+    assert_lanes_match_alone(target2, kind, monkeypatch)
+
+
+def assert_lanes_match_alone(target2, kind, monkeypatch, make=lambda: None):
+    """The check above; `make()` gives the draft model (None: lanes_of's random one)."""
     trees, keys = {}, {}
     cls = CLASSES.get(kind.split("-")[0], EagleDrafter)
     for grouped in (False, True):
         with monkeypatch.context() as m:
             seen = record_trees(m, cls, grouped)
-            drafters = lanes_of(kind, target2, len(PROMPTS))
+            drafters = lanes_of(kind, target2, len(PROMPTS), make())
             generate_packed(target2, PROMPTS, drafters, max_new_tokens=13, eos_token_id=[], budget="fixed")
             trees[grouped] = [seen[id(d)] for d in drafters]
             if not kind.startswith("medusa"):  # Medusa keeps no draft cache

@@ -142,6 +142,7 @@ def main(argv=None):
         report = {}
         if acc.is_main_process:
             out = loop.final_dir
+            model.draft.config.attention_window = cfg.seq_len  # decoding sees the distances it trained on
             tree = fit_for_report(target, model.draft, heldout_text, cfg.eval_tau_prompts * 3, cfg.eval_new_tokens)
             model.draft.save_pretrained(out)
             drafter = DFlashDrafter(target, model.draft.eval(), max_depth=min(4, cfg.block_size - 1))
@@ -153,6 +154,7 @@ def main(argv=None):
                 "heldout_loss": final.get("loss"), "heldout_top1": final.get("acc_1"),
                 "heldout_top1_by_slot": [final[f"acc_{j}"] for j in range(1, cfg.block_size) if f"acc_{j}" in final],
                 "heldout_accepted_length": final.get("accepted_length"), **decode, **tree,
+                "attention_window": model.draft.config.attention_window,
                 "params": n_params, "steps": cfg.max_steps, "resumed_from": result.start_step,
                 "first_train": history[0] if history else None, "last_train": history[-1] if history else None,
                 "block_size": cfg.block_size, "draft_layers": cfg.draft_layers,

@@ -317,6 +317,8 @@ def main(argv=None):
         report = {}
         if acc.is_main_process:
             out = loop.final_dir
+            if cfg.layout == "reference":  # decoding attends over the relative distances it trained on
+                model.draft.config.attention_window = cfg.seq_len
             tree = fit_for_report(target, model.draft, heldout_text, cfg.eval_tau_prompts * 3, cfg.eval_new_tokens)
             model.draft.save_pretrained(out)
             decode = {k: final[k] for k in ("tau", "acceptance_by_depth", "mean_tree_size", "own_text_top1")
@@ -327,7 +329,7 @@ def main(argv=None):
                                           if f"acc_{d}" in final] or None,
                 "heldout_top1_by_step": [final[f"acc_{i}"] for i in range(cfg.ttt_steps) if f"acc_{i}" in final],
                 "heldout_token_loss": final.get("token_loss_0"), "heldout_feature_loss": final.get("feature_loss_0"),
-                **decode, **tree,
+                **decode, **tree, "attention_window": model.draft.config.attention_window,
                 "params": n_params, "steps": cfg.max_steps, "resumed_from": result.start_step,
                 "first_train": history[0] if history else None, "last_train": history[-1] if history else None,
                 "feature_layers": model.draft.config.feature_layers, "ttt_steps": cfg.ttt_steps,
