@@ -158,7 +158,6 @@ def windowed(mask: torch.Tensor | None, position_ids: torch.Tensor, keys: int, w
     return mask & ~far if mask.dtype == torch.bool else mask.masked_fill(far, torch.finfo(mask.dtype).min)
 
 
-
 class _ReferenceDraft(nn.Module):
     """What both reference drafts share: rotary positions, the causal mask, the vocabulary mapping, files."""
 
