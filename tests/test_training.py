@@ -350,6 +350,7 @@ FEW_STEPS = ["--max_steps", "2", "--eval_blocks", "1", "--batch_size", "2", "--s
 FEW_ROWS = ["--train_rows", "4", "--shard_rows", "2", "--regen_prompt_len", "16"]  # the drafters' data path
 SCRIPT_EXTRA = {"medusa": [*FEW_ROWS, "--eval_top_k", "3", "--tree_size", "4"],
                 "eagle": [*FEW_ROWS, "--eval_tau_prompts", "1", "--eval_new_tokens", "4"],
+                "dflash": [*FEW_ROWS, "--eval_tau_prompts", "1", "--eval_new_tokens", "4"],
                 "draft": FEW_ROWS}
 
 
@@ -365,7 +366,7 @@ def test_readme_training_commands_run_in_a_fresh_clone(tmp_path):
            "PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"]}
     env.pop("DRAFTKIT_ZOO", None)
     for i, command in enumerate(commands):
-        script = re.search(r"train/(\w+)\.py", command).group(1)
+        script = re.findall(r"train/(\w+)\.py", command)[-1]  # the training script, after train/launch.py
         run_dir = out / f"{i}-{script}"
         argv = shlex.split(command) + FEW_STEPS + SCRIPT_EXTRA.get(script, []) + [
             "--output_dir", str(run_dir), "--cache_dir", str(out / "cache")]
