@@ -41,7 +41,8 @@ from transformers.models.llama.modeling_llama import (LlamaMLP, LlamaRMSNorm, Ll
                                                       apply_rotary_pos_emb)
 
 from draftkit.drafters.eagle import _target_name, check_target_shape, target_shape
-from draftkit.drafters.eagle_reference import llama_config, llama_layer_config
+from draftkit.drafters.attention_window import far_back
+from draftkit.drafters.reference_config import llama_config, llama_layer_config
 from draftkit.verify.contract import Budget, DecodeState, DraftTree, StepResult
 
 CONFIG_NAME = "config.json"
@@ -257,7 +258,7 @@ class DFlashDraft(nn.Module):
         w = self.config.attention_window
         if not w or context < w:  # host ints (a root is at most `context`): nothing that far back
             return mask
-        near = torch.arange(context, device=positions.device) > positions[:, :1] - w  # (B, C)
+        near = ~far_back(context, positions[:, 0], w)  # (B, C)
         near = torch.cat([near, near.new_ones(near.shape[0], positions.shape[1])], 1)[:, None, None, :]
         return near if mask is None else mask & near
 

@@ -36,7 +36,7 @@ def is_dflash(cfg: dict) -> bool:
 def _layer_config(src: dict, draft_layers: int, vocab: int) -> dict:
     from types import SimpleNamespace
 
-    from draftkit.drafters.eagle_reference import llama_layer_config
+    from draftkit.drafters.reference_config import llama_layer_config
 
     lc = llama_layer_config(SimpleNamespace(**{**src, "vocab_size": vocab}))
     lc["num_hidden_layers"] = int(draft_layers)

@@ -8,8 +8,8 @@ import shutil
 import torch
 
 from draftkit.drafters.eagle import _target_name
-from draftkit.drafters.eagle_reference import LAYOUT
-from draftkit.drafters.formats import TOKEN_MAP, ExportRefused, detect, write_config, write_weights
+from draftkit.drafters.reference_config import LAYOUT
+from draftkit.drafters.formats import TOKEN_MAP, ExportRefused, detect, engine_layer_name, write_config, write_weights
 
 EAGLE_FORMATS = ("vllm", "sglang", "speculators")
 FORMATS = ("vllm", "sglang", "speculators", "medusa-original")
@@ -29,14 +29,6 @@ def _llama_export_fields(draft, dtype: torch.dtype) -> dict:
         "tie_word_embeddings": False, "attention_bias": bool(lc.attention_bias), "mlp_bias": bool(lc.mlp_bias),
         "initializer_range": lc.initializer_range, "torch_dtype": str(dtype).replace("torch.", ""),
     }
-
-
-def _engine_layer_name(key: str) -> str:
-    """later_layers.i.* (the draft's decoder layers after its first) as the engines name them: layers.(i + 1).*"""
-    if not key.startswith("later_layers."):
-        return key
-    index, rest = key[len("later_layers."):].split(".", 1)
-    return f"layers.{int(index) + 1}.{rest}"
 
 
 def _draftkit_meta(draft, fmt: str) -> dict:
@@ -67,7 +59,7 @@ def export_eagle(draft, fmt: str, out: str, dtype: torch.dtype = torch.float16, 
         raise ExportRefused(f"SGLang's EAGLE-3 runs one draft layer, this draft has "
                             f"{draft.layer_config.num_hidden_layers}; export it with --format vllm or speculators")
     # layers after the first: draftkit's later_layers.i are the engines' layers.(i + 1)
-    state = {_engine_layer_name(k): v for k, v in state.items()}
+    state = {engine_layer_name(k): v for k, v in state.items()}
     if len(c.feature_layers) == 3:  # EAGLE-3
         ids = [int(k) for k in c.feature_layers]  # hidden_states[k] = the residual stream entering layer k
         if fmt == "sglang" and c.norm_before_residual:

@@ -31,7 +31,8 @@ from types import SimpleNamespace
 import torch
 
 from draftkit.drafters.eagle import EagleConfig, EagleDraftModel, _target_name, target_shape
-from draftkit.drafters.eagle_reference import LAYOUT, build_draft, check_feature_layers, llama_layer_config
+from draftkit.drafters.eagle_reference import build_draft
+from draftkit.drafters.reference_config import LAYOUT, check_feature_layers, llama_layer_config
 
 CONFIG = "config.json"
 TOKEN_MAP = "hot_token_ids.pt"  # EAGLE-1/2 draft vocabulary for SGLang's --speculative-token-map
@@ -290,13 +291,21 @@ def _import_public_eagle(path: str, cfg: dict, fmt: str, target):
         hot = os.path.join(path, TOKEN_MAP)  # a draft vocabulary as SGLang's token map (our sglang export)
         ids = torch.as_tensor(torch.load(hot, weights_only=True)).long().unique() if os.path.exists(hot) else None
         if ids is not None and ids.numel() < vocab:
-            from draftkit.drafters.eagle_reference import vocab_mapping
+            from draftkit.drafters.reference_config import vocab_mapping
 
             state["d2t"], state["t2d"] = vocab_mapping(ids, vocab)
         reduced = ids is not None and ids.numel() < vocab
         config = EagleConfig(hidden, vocab, num_layers, [num_layers], made, layer_config, layout=LAYOUT,
                              fc_bias=has_bias, draft_vocab_size=int(ids.numel()) if reduced else 0)
     return build_draft(config).load_weights(state, path)
+
+
+def engine_layer_name(key: str) -> str:
+    """later_layers.i.* (the draft's decoder layers after its first) as the engines name them: layers.(i + 1).*"""
+    if not key.startswith("later_layers."):
+        return key
+    index, rest = key[len("later_layers."):].split(".", 1)
+    return f"layers.{int(index) + 1}.{rest}"
 
 
 def _draft_layer_name(key: str) -> str:

@@ -8,7 +8,8 @@ import torch
 from transformers import LlamaForCausalLM
 
 from draftkit.drafters.eagle import EagleDrafter
-from draftkit.drafters.eagle_reference import Eagle3Draft, frequent_tokens, make_draft, vocab_mapping
+from draftkit.drafters.eagle_reference import Eagle3Draft, make_draft
+from draftkit.drafters.reference_config import frequent_tokens, vocab_mapping
 from draftkit.drafters.formats import detect
 from draftkit.train.export import main as export_main
 from draftkit.verify.accept import Sampling

@@ -18,7 +18,8 @@ from safetensors.torch import load_file
 
 import draftkit as dk
 from draftkit.drafters.eagle import EagleDraftModel, EagleDrafter
-from draftkit.drafters.eagle_reference import Eagle1Draft, Eagle3Draft, make_draft, vocab_mapping
+from draftkit.drafters.eagle_reference import Eagle1Draft, Eagle3Draft, make_draft
+from draftkit.drafters.reference_config import vocab_mapping
 from draftkit.drafters.formats import detect, load_eagle_draft
 from draftkit.drafters.medusa import MedusaHeads, save_medusa
 from draftkit.train.export import main as export_main

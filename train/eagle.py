@@ -44,7 +44,8 @@ from torch import nn  # noqa: E402
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache  # noqa: E402
 
 from draftkit.drafters.eagle import EagleDraftModel  # noqa: E402
-from draftkit.drafters.eagle_reference import deepen, frequent_tokens, make_draft  # noqa: E402
+from draftkit.drafters.eagle_reference import deepen, make_draft  # noqa: E402
+from draftkit.drafters.reference_config import frequent_tokens  # noqa: E402
 from draftkit.drafters.peagle import make_peagle_draft  # noqa: E402
 from draftkit.drafters.registry import tree_drafter_class  # noqa: E402
 from draftkit.train import decode_eval  # noqa: E402
