@@ -132,6 +132,20 @@ class EagleConfig:
     def eagle3(self) -> bool:
         return len(self.feature_layers) > 1
 
+    def check(self) -> "EagleConfig":
+        """The config itself, or a one-line error naming the bad field (a hand-edited config.json)."""
+        n = self.num_target_layers
+        if not self.feature_layers or not all(0 <= k <= n for k in self.feature_layers):
+            raise ValueError(f"EAGLE feature_layers must be hidden_states indices in 0..{n}, got {self.feature_layers}")
+        if not self.tree_temperature > 0:
+            raise ValueError(f"tree_temperature must be > 0, got {self.tree_temperature}")
+        if self.attention_window < 0:
+            raise ValueError(f"attention_window must be >= 0 (0: none), got {self.attention_window}")
+        if self.draft_vocab_size < 0 or self.draft_vocab_size > self.vocab_size:
+            raise ValueError(f"draft_vocab_size must lie in 0..{self.vocab_size} (0: the target's), "
+                             f"got {self.draft_vocab_size}")
+        return self
+
 
 def _build_layer(layer_config: dict) -> nn.Module:
     """A one-layer base model (decoder layer, rotary embedding, final norm) of the target's architecture,
@@ -154,7 +168,7 @@ class EagleDraftModel(nn.Module):
 
     def __init__(self, config: EagleConfig):
         super().__init__()
-        self.config = config
+        self.config = config.check()
         h, n = config.hidden_size, len(config.feature_layers)
         self.fuse = nn.Linear(n * h, h, bias=False) if n > 1 else None  # EAGLE-3 low/mid/high fusion
         self.fc = nn.Linear(2 * h, h, bias=True)

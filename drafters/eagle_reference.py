@@ -56,7 +56,7 @@ class _ReferenceDraft(nn.Module):
 
     def __init__(self, config: EagleConfig):
         super().__init__()
-        self.config = config
+        self.config = config.check()
         self.layer_config = llama_config(config.layer_config)
         check_draft_layers(self.layer_config.num_hidden_layers, config.feature_layers)
         self.rotary_emb = LlamaRotaryEmbedding(self.layer_config)

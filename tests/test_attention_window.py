@@ -97,3 +97,12 @@ def test_windowed_lanes_draft_what_each_lane_drafts_alone(target, kind, monkeypa
         draft.config.attention_window = 5
         return draft
     assert_lanes_match_alone(target, kind, monkeypatch, make)
+
+
+@pytest.mark.parametrize("field, value", [("attention_window", -1), ("tree_temperature", 0.0),
+                                          ("feature_layers", [9]), ("draft_vocab_size", -2)])
+def test_eagle_config_refuses_a_bad_field_by_name(target, field, value):
+    config = make_draft(target, LAYERS).config
+    setattr(config, field, value)
+    with pytest.raises(ValueError, match=field):
+        type(make_draft(target, LAYERS))(config)
