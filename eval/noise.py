@@ -6,8 +6,9 @@ Three signals, each measured by the run itself:
   the run's own threads (which lags: it still holds a run that ended a minute ago): other work competing for
   the cores;
 - the CPU time the process got per second of wall time: under half a core means it waited for the CPU;
-- the spread of plain decoding's time for the same prompt across repeats: the same work taking very different
-  times is noise that no speedup can be read through.
+- the spread of plain decoding's time for the same prompt across repeats, beside each repeat's pace (a whole
+  repeat running faster or slower cancels in its speedups): the same work taking very different times is noise
+  that no speedup can be read through.
 A signal past its limit becomes a warning that names the cause; compare.py puts them into the table,
 compare.json ("warnings") and its closing summary.
 """
@@ -117,17 +118,25 @@ class Probe:
 
 
 def plain_spread(rows: list[dict]) -> tuple[float, str] | None:
-    """(median over prompts of slowest / fastest - 1, the worst prompt in words) of plain decoding's time for
-    the same prompt across repeats; None with one repeat."""
+    """(median over prompts of the slowest / fastest repeat - 1, the worst prompt in words) of plain decoding's
+    time for the same prompt, each repeat's times divided by that repeat's pace (the median over prompts of its
+    time over the prompt's median time): a machine that runs a whole repeat faster or slower moves every method
+    of the repeat alike, which cancels in the repeat's speedup (measure.speedups, methods interleaved prompt by
+    prompt), while a prompt whose time moves apart from its repeat's pace is noise the speedups carry. With one
+    prompt nothing tells the two apart and the times are compared as they are. None with one repeat."""
     spreads = []
     for row in rows:
-        if row.get("kind") != "baseline" or not row.get("seconds") or len(row["seconds"]) < 2:
+        secs = row.get("seconds")
+        if row.get("kind") != "baseline" or not secs or len(secs) < 2:
             continue
-        for i in range(len(row["seconds"][0])):
-            times = [rep[i] for rep in row["seconds"] if rep[i]]
-            if len(times) >= 2:
-                spreads.append((max(times) / min(times) - 1, f"{row['task']} prompt {i}: {min(times):.2f}-"
-                                                             f"{max(times):.2f} s"))
+        prompts = [i for i in range(len(secs[0])) if all(rep[i] for rep in secs)]
+        mid = {i: statistics.median(rep[i] for rep in secs) for i in prompts}
+        pace = [statistics.median(rep[i] / mid[i] for i in prompts) if len(prompts) > 1 else 1.0 for rep in secs]
+        for i in prompts:
+            scaled = [rep[i] / p for rep, p in zip(secs, pace)]
+            times = [rep[i] for rep in secs]
+            spreads.append((max(scaled) / min(scaled) - 1, f"{row['task']} prompt {i}: {min(times):.2f}-"
+                                                           f"{max(times):.2f} s"))
     if not spreads:
         return None
     return statistics.median(s for s, _ in spreads), max(spreads)[1]
@@ -161,7 +170,8 @@ def timing_warnings(timing: dict, rows: list[dict]) -> list[str]:
                    f"it waited for the CPU); timings and speedups are noise")
     spread = plain_spread(rows)
     if spread is not None and spread[0] > MAX_SPREAD:
-        out.append(f"noisy timings: plain decoding's time for the same prompt varied by {100 * spread[0]:.0f}% "
-                   f"(median over prompts) across repeats (worst: {spread[1]}); speedups under about "
+        out.append(f"noisy timings: plain decoding's time for the same prompt, beside its repeat's pace, varied "
+                   f"by {100 * spread[0]:.0f}% (median over prompts) across repeats (worst: {spread[1]}); speedups "
+                   f"under about "
                    f"{1 + spread[0]:.2f}x cannot be told from noise")
     return out

@@ -59,12 +59,26 @@ def test_a_starved_process_is_named_by_its_cpu_time():
 
 
 def test_a_noisy_timer_is_named_with_its_worst_prompt():
-    noisy = plain_row([[1.3, 2.0, 0.9], [21.6, 3.1, 1.4]])
+    noisy = plain_row([[1.3, 2.0, 0.9], [3.9, 2.0, 0.45]])  # one prompt three times as slow, one twice as fast
     (warning,) = noise.timing_warnings(probe([0.1, 2.0]).finish(), [noisy])
-    assert warning.startswith("noisy timings: plain decoding's time for the same prompt varied by 56%"), warning
-    assert "code prompt 0: 1.30-21.60 s" in warning
+    assert warning.startswith("noisy timings: plain decoding's time for the same prompt, beside its repeat's pace, "
+                              "varied by 100%"), warning
+    assert "code prompt 0: 1.30-3.90 s" in warning
     one_repeat = plain_row([[1.3, 2.0, 0.9]])
     assert noise.plain_spread([one_repeat]) is None  # nothing to compare: no claim either way
+
+
+def test_a_whole_repeat_running_slower_is_not_noise():
+    """Every prompt 30% slower in the second repeat: the machine's pace moved, and every method of that repeat with
+    it (speedups are taken repeat by repeat), so no warning; one prompt moving apart from its repeat still warns,
+    and with a single prompt the pace cannot be told from noise."""
+    drift = plain_row([[1.3, 2.0, 0.9, 1.1], [1.69, 2.6, 1.17, 1.43]])
+    assert noise.plain_spread([drift])[0] == pytest.approx(0.0)
+    assert noise.timing_warnings(probe([0.1, 2.0]).finish(), [drift]) == []
+    apart = plain_row([[1.3, 2.0, 0.9, 1.1], [1.69, 2.6, 1.17, 2.2]])
+    assert noise.plain_spread([apart])[1] == "code prompt 3: 1.10-2.20 s"
+    lone = plain_row([[1.3], [1.69]])
+    assert noise.plain_spread([lone])[0] == pytest.approx(0.3)
 
 
 def test_the_table_opens_with_the_warnings():
