@@ -96,6 +96,14 @@ def check_target_shape(config, target, method: str, script: str) -> None:
             f"vocabulary {vocab}, {layers} layers; train a draft for this target with {script}")
 
 
+def checked_config(config: "EagleConfig", path: str) -> "EagleConfig":
+    """config.check(), its one-line error naming the folder the config came from."""
+    try:
+        return config.check()
+    except ValueError as e:
+        raise ValueError(f"{path}/{CONFIG_NAME}: {e}") from None
+
+
 @dataclass
 class EagleConfig:
     hidden_size: int
@@ -252,7 +260,7 @@ class EagleDraftModel(nn.Module):
             from draftkit.drafters.formats import load_eagle_draft
 
             return load_eagle_draft(path, target)
-        draft = cls(EagleConfig(**raw))
+        draft = cls(checked_config(EagleConfig(**raw), path))
         state = {k: v.float() for k, v in load_file(os.path.join(path, WEIGHTS_NAME)).items()}
         missing, unexpected = draft.load_state_dict(state, strict=False)
         missing = [k for k in missing if "rotary" not in k and "inv_freq" not in k]

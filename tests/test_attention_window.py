@@ -106,3 +106,15 @@ def test_eagle_config_refuses_a_bad_field_by_name(target, field, value):
     setattr(config, field, value)
     with pytest.raises(ValueError, match=field):
         type(make_draft(target, LAYERS))(config)
+
+
+def test_a_bad_config_file_is_named_with_its_folder(target, tmp_path):
+    import json
+
+    from draftkit.drafters.formats import load_eagle_draft
+
+    make_draft(target, LAYERS).save_pretrained(str(tmp_path))
+    raw = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**raw, "attention_window": -5}))
+    with pytest.raises(ValueError, match=rf"{tmp_path}/config.json: attention_window must be >= 0"):
+        load_eagle_draft(str(tmp_path), target)
