@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import json
 import os
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from typing import Sequence
 
@@ -96,10 +97,12 @@ def check_target_shape(config, target, method: str, script: str) -> None:
             f"vocabulary {vocab}, {layers} layers; train a draft for this target with {script}")
 
 
-def checked_config(config: "EagleConfig", path: str) -> "EagleConfig":
-    """config.check(), its one-line error naming the folder the config came from."""
+@contextmanager
+def naming_config(path: str):
+    """A draft built from a folder's config.json: its one-line errors (EagleConfig.check, the layer checks) name
+    that file."""
     try:
-        return config.check()
+        yield
     except ValueError as e:
         raise ValueError(f"{path}/{CONFIG_NAME}: {e}") from None
 
@@ -149,6 +152,8 @@ class EagleConfig:
             raise ValueError(f"tree_temperature must be > 0, got {self.tree_temperature}")
         if self.attention_window < 0:
             raise ValueError(f"attention_window must be >= 0 (0: none), got {self.attention_window}")
+        if self.attention_window and self.layout != "reference":  # only the reference drafts apply it
+            raise ValueError(f"attention_window applies to reference-layout drafts; this one is {self.layout!r}")
         if self.draft_vocab_size < 0 or self.draft_vocab_size > self.vocab_size:
             raise ValueError(f"draft_vocab_size must lie in 0..{self.vocab_size} (0: the target's), "
                              f"got {self.draft_vocab_size}")
@@ -260,7 +265,8 @@ class EagleDraftModel(nn.Module):
             from draftkit.drafters.formats import load_eagle_draft
 
             return load_eagle_draft(path, target)
-        draft = cls(checked_config(EagleConfig(**raw), path))
+        with naming_config(path):
+            draft = cls(EagleConfig(**raw))
         state = {k: v.float() for k, v in load_file(os.path.join(path, WEIGHTS_NAME)).items()}
         missing, unexpected = draft.load_state_dict(state, strict=False)
         missing = [k for k in missing if "rotary" not in k and "inv_freq" not in k]

@@ -30,7 +30,7 @@ from types import SimpleNamespace
 
 import torch
 
-from draftkit.drafters.eagle import EagleConfig, EagleDraftModel, _target_name, checked_config, target_shape
+from draftkit.drafters.eagle import EagleConfig, EagleDraftModel, _target_name, naming_config, target_shape
 from draftkit.drafters.eagle_reference import build_draft
 from draftkit.drafters.reference_config import LAYOUT, check_feature_layers, llama_layer_config
 
@@ -196,7 +196,9 @@ def load_eagle_draft(path: str, target=None):
     if fmt == "draftkit-eagle":
         draft = EagleDraftModel.from_pretrained(path)
     elif fmt == "draftkit-eagle-reference":
-        draft = build_draft(checked_config(EagleConfig(**cfg), path)).load_weights(read_weights(path), path)
+        with naming_config(path):
+            draft = build_draft(EagleConfig(**cfg))
+        draft = draft.load_weights(read_weights(path), path)
     elif fmt in ("eagle3", "speculators", "eagle1"):
         draft = _import_public_eagle(path, cfg, fmt, target)
     else:

@@ -172,6 +172,5 @@ def timing_warnings(timing: dict, rows: list[dict]) -> list[str]:
     if spread is not None and spread[0] > MAX_SPREAD:
         out.append(f"noisy timings: plain decoding's time for the same prompt, beside its repeat's pace, varied "
                    f"by {100 * spread[0]:.0f}% (median over prompts) across repeats (worst: {spread[1]}); speedups "
-                   f"under about "
-                   f"{1 + spread[0]:.2f}x cannot be told from noise")
+                   f"under about {1 + spread[0]:.2f}x cannot be told from noise")
     return out

@@ -118,3 +118,12 @@ def test_a_bad_config_file_is_named_with_its_folder(target, tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({**raw, "attention_window": -5}))
     with pytest.raises(ValueError, match=rf"{tmp_path}/config.json: attention_window must be >= 0"):
         load_eagle_draft(str(tmp_path), target)
+
+
+def test_a_window_on_a_draft_that_cannot_apply_it_is_refused(target):
+    from draftkit.drafters.eagle import EagleConfig, EagleDraftModel
+
+    config = EagleConfig.from_target(target)  # draftkit's own layout: no windowed attention
+    config.attention_window = 8
+    with pytest.raises(ValueError, match="attention_window applies to reference-layout drafts"):
+        EagleDraftModel(config)
