@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 
 from draftkit.drafters.dflash import KIND, DFlashConfig, DFlashDraft
-from draftkit.drafters.eagle import _target_name, target_shape
+from draftkit.drafters.eagle import _target_name, naming_config, target_shape
 from draftkit.drafters.exporters import _llama_export_fields
 from draftkit.drafters.formats import ExportRefused, read_config, read_weights, write_config, write_weights
 
@@ -52,7 +52,9 @@ def load_dflash_draft(path: str, target=None) -> DFlashDraft:
         raise ValueError(f"{path} is not a DFlash draft (no dflash_config, speculators type or kind dflash)")
     state = read_weights(path)
     if cfg.get("kind") == KIND:
-        draft = DFlashDraft(DFlashConfig(**cfg)).load_weights(state, path)
+        with naming_config(path):
+            draft = DFlashDraft(DFlashConfig(**cfg))
+        draft = draft.load_weights(state, path)
     else:
         draft = _import_public(path, cfg, state, target)
     if target is not None:

@@ -99,11 +99,11 @@ def check_target_shape(config, target, method: str, script: str) -> None:
 
 @contextmanager
 def naming_config(path: str):
-    """A draft built from a folder's config.json: its one-line errors (EagleConfig.check, the layer checks) name
-    that file."""
+    """A draft built from a folder's config.json: its one-line errors (the config's check, the layer checks, a
+    field the config does not know or lacks) name that file."""
     try:
         yield
-    except ValueError as e:
+    except (ValueError, TypeError) as e:
         raise ValueError(f"{path}/{CONFIG_NAME}: {e}") from None
 
 

@@ -23,6 +23,7 @@ from typing import Callable
 BUSY_LOAD = 0.5  # other runnable work per core (load average less our own threads) that makes timings noisy
 MIN_CPU_PER_WALL = 0.5  # the process got less than half a core
 MAX_SPREAD = 0.25  # plain decoding's slowest repeat of a prompt over its fastest, minus 1
+MIN_PACE_PROMPTS = 3  # prompts of a task whose median gives a repeat's pace (plain_spread)
 
 
 def busy_elsewhere(seconds: float = 0.5) -> float | None:
@@ -122,8 +123,9 @@ def plain_spread(rows: list[dict]) -> tuple[float, str] | None:
     time for the same prompt, each repeat's times divided by that repeat's pace (the median over prompts of its
     time over the prompt's median time): a machine that runs a whole repeat faster or slower moves every method
     of the repeat alike, which cancels in the repeat's speedup (measure.speedups, methods interleaved prompt by
-    prompt), while a prompt whose time moves apart from its repeat's pace is noise the speedups carry. With one
-    prompt nothing tells the two apart and the times are compared as they are. None with one repeat."""
+    prompt), while a prompt whose time moves apart from its repeat's pace is noise the speedups carry. A pace
+    needs three prompts or more: with two, a prompt moving alone would set half the pace and read as half its
+    spread, so with one or two prompts the times are compared as they are. None with one repeat."""
     spreads = []
     for row in rows:
         secs = row.get("seconds")
@@ -131,7 +133,8 @@ def plain_spread(rows: list[dict]) -> tuple[float, str] | None:
             continue
         prompts = [i for i in range(len(secs[0])) if all(rep[i] for rep in secs)]
         mid = {i: statistics.median(rep[i] for rep in secs) for i in prompts}
-        pace = [statistics.median(rep[i] / mid[i] for i in prompts) if len(prompts) > 1 else 1.0 for rep in secs]
+        paced = len(prompts) >= MIN_PACE_PROMPTS
+        pace = [statistics.median(rep[i] / mid[i] for i in prompts) if paced else 1.0 for rep in secs]
         for i in prompts:
             scaled = [rep[i] / p for rep, p in zip(secs, pace)]
             times = [rep[i] for rep in secs]

@@ -108,16 +108,24 @@ def test_eagle_config_refuses_a_bad_field_by_name(target, field, value):
         type(make_draft(target, LAYERS))(config)
 
 
-def test_a_bad_config_file_is_named_with_its_folder(target, tmp_path):
+@pytest.mark.parametrize("kind", ["eagle", "dflash"])
+@pytest.mark.parametrize("edit, message", [({"attention_window": -5}, "attention_window must be >= 0"),
+                                           ({"attention_widow": 5}, "unexpected keyword argument 'attention_widow'")])
+def test_a_bad_config_file_is_named_with_its_folder(target, tmp_path, kind, edit, message):
+    """A hand-edited config.json (a bad value, a misspelt field) is a one-line error that names the file."""
     import json
 
+    from draftkit.drafters.dflash_formats import load_dflash_draft
     from draftkit.drafters.formats import load_eagle_draft
 
-    make_draft(target, LAYERS).save_pretrained(str(tmp_path))
+    if kind == "dflash":
+        make_dflash_draft(target, block_size=6, mask_token_id=5, target_layers=[1, 3]).save_pretrained(str(tmp_path))
+    else:
+        make_draft(target, LAYERS).save_pretrained(str(tmp_path))
     raw = json.loads((tmp_path / "config.json").read_text())
-    (tmp_path / "config.json").write_text(json.dumps({**raw, "attention_window": -5}))
-    with pytest.raises(ValueError, match=rf"{tmp_path}/config.json: attention_window must be >= 0"):
-        load_eagle_draft(str(tmp_path), target)
+    (tmp_path / "config.json").write_text(json.dumps({**raw, **edit}))
+    with pytest.raises(ValueError, match=rf"^{tmp_path}/config.json: .*{message}"):
+        (load_dflash_draft if kind == "dflash" else load_eagle_draft)(str(tmp_path), target)
 
 
 def test_a_window_on_a_draft_that_cannot_apply_it_is_refused(target):

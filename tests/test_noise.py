@@ -71,7 +71,7 @@ def test_a_noisy_timer_is_named_with_its_worst_prompt():
 def test_a_whole_repeat_running_slower_is_not_noise():
     """Every prompt 30% slower in the second repeat: the machine's pace moved, and every method of that repeat with
     it (speedups are taken repeat by repeat), so no warning; one prompt moving apart from its repeat still warns,
-    and with a single prompt the pace cannot be told from noise."""
+    and with one or two prompts the pace cannot be told from noise."""
     drift = plain_row([[1.3, 2.0, 0.9, 1.1], [1.69, 2.6, 1.17, 1.43]])
     assert noise.plain_spread([drift])[0] == pytest.approx(0.0)
     assert noise.timing_warnings(probe([0.1, 2.0]).finish(), [drift]) == []
@@ -79,6 +79,8 @@ def test_a_whole_repeat_running_slower_is_not_noise():
     assert noise.plain_spread([apart])[1] == "code prompt 3: 1.10-2.20 s"
     lone = plain_row([[1.3], [1.69]])
     assert noise.plain_spread([lone])[0] == pytest.approx(0.3)
+    pair = plain_row([[1.0, 2.0], [1.6, 2.0]])  # the first prompt 60% slower alone: two prompts set no pace
+    assert noise.plain_spread([pair])[0] == pytest.approx(0.3)  # the median of 60% and 0%, not of 26% and 26%
 
 
 def test_the_table_opens_with_the_warnings():
