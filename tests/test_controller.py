@@ -67,6 +67,18 @@ def test_costly_verify_shortens_the_budget():
     assert cheap.plan()[0] > dear.plan()[0] >= 1
 
 
+@pytest.mark.parametrize("rate, drafts", [(0.02, False), (0.05, True)])
+def test_a_gain_inside_the_margin_is_a_plain_step(rate, drafts):
+    """Free verification and drafting: one level passing 2% of the time predicts 2% more tokens per second than a
+    plain step, inside DRAFT_MARGIN (3%), so the step is plain; passing 5% of the time, it drafts."""
+    policy = AutoBudget(None, Budget(1, 1), profile=flat(0.0), cache_profile=False)
+    policy.acceptance = AcceptanceModel(1, prior_rate=rate, prior_weight=1e9)
+    policy.draft_cost.observe(1, 0.0)
+    best, _, gains, times = policy.plan()
+    assert gains[1] / times[1] > gains[0] / times[0]  # the model's best is drafting either way
+    assert (best == 1) == drafts
+
+
 def test_draft_cost_separates_fixed_and_per_level_cost():
     from draftkit.verify.controller import DraftCost
 
