@@ -12,8 +12,9 @@ counts, so the estimate follows the text); c(n) is the verify cost curve of the 
 this machine (`CostProfile`, verify/cost_profile.py: measured once per machine + model + context bucket
 and saved);
 the drafting time a + b * D is fitted to the drafter's measured steps. The controller picks
-D* = argmax E(D) / T(D), and a plain step unless D* beats it by DRAFT_MARGIN. Sequoia and SmartSpec choose budgets from measured costs the same
-way; with a flat c(n) this is the seeds' S(alpha, K, phi) (see `seeds_best_k`).
+D* = argmax E(D) / T(D), and a plain step unless D* beats it by DRAFT_MARGIN. Sequoia and SmartSpec
+choose budgets from measured costs the same way; with a flat c(n) this is the seeds' S(alpha, K, phi)
+(see `seeds_best_k`).
 
 The profile's times are scaled by what the steps measure (one factor for the whole curve, refined per
 size where steps have measured it), so a profile taken while the machine was busier or quieter than now
@@ -68,8 +69,9 @@ EXPLORE_RUN = 8  # drafted steps of the other shape in a row: a lone step of it 
 # slower than its chain)
 CHAIN_AFTER = 4.0  # tree steps (decayed count) whose first children were seen before the chain is offered
 DRAFT_MARGIN = 0.03  # drafting must beat a plain step by 3% in the model: the best of several estimated rates is
-# biased upward (each carries the noise of a few decayed observations), and a drafter that barely pays on paper
-# lost 2.5% of plain sampling in practice (Medusa on prose at T = 0.8, paired)
+# biased upward (each carries the noise of a few decayed observations), and a drafter that barely paid on paper
+# lost 2.5-4.4% of plain sampling in practice (Medusa on prose at T = 0.8, two paired runs of eval/bench_silent.py).
+# The batch planner (verify/batch_plan.py) plans with its own objective and has no margin yet
 REALIZED_KEEP = 0.95  # memory of each shape's realized rate: about 20 drafted steps
 
 
