@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import torch
+import transformers
 from transformers import (GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, MistralConfig,
                           MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM)
 
@@ -25,6 +26,39 @@ def tiny_model(arch: str = "llama", vocab: int = 64, hidden: int = 32, layers: i
     else:
         raise ValueError(arch)
     # sharpen the random logits so greedy paths are stable and drafts get accepted sometimes
+    with torch.no_grad():
+        model.get_output_embeddings().weight.mul_(4.0)
+    return model.eval()
+
+
+# Attention layouts past a short window: every layer sliding (Mistral), mixed full / sliding layers (Qwen2 with
+# max_window_layers, Gemma 2 with soft-capping, Gemma 3, gpt-oss with attention sinks), chunked (Llama 4).
+WINDOWED = ("mistral", "qwen2", "gemma2", "gemma3", "gpt-oss", "llama4")
+
+
+def windowed_model(arch: str, window: int = 8, vocab: int = 64, hidden: int = 32, layers: int = 4, seed: int = 0):
+    """A tiny random model whose layers attend over `window` positions (or chunks of `window`)."""
+    torch.manual_seed(seed)
+    common = dict(vocab_size=vocab, hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=4,
+                  num_key_value_heads=2, intermediate_size=2 * hidden, max_position_embeddings=512)
+    mixed = ["sliding_attention", "full_attention"] * (layers // 2)
+    t = transformers
+    build = {
+        "mistral": lambda: t.MistralForCausalLM(t.MistralConfig(**common, sliding_window=window)),
+        "qwen2": lambda: t.Qwen2ForCausalLM(t.Qwen2Config(**common, use_sliding_window=True, sliding_window=window,
+                                                          max_window_layers=1)),
+        "gemma2": lambda: t.Gemma2ForCausalLM(t.Gemma2Config(**common, head_dim=8, sliding_window=window,
+                                                             layer_types=mixed)),
+        "gemma3": lambda: t.Gemma3ForCausalLM(t.Gemma3TextConfig(**common, head_dim=8, sliding_window=window,
+                                                                 layer_types=mixed)),
+        "gpt-oss": lambda: t.GptOssForCausalLM(t.GptOssConfig(**common, head_dim=8, sliding_window=window,
+                                                              layer_types=mixed, num_local_experts=4,
+                                                              num_experts_per_tok=2, rope_scaling=None)),
+        "llama4": lambda: t.Llama4ForCausalLM(t.Llama4TextConfig(
+            **common, head_dim=8, attention_chunk_size=window, num_local_experts=2, intermediate_size_mlp=2 * hidden,
+            layer_types=["chunked_attention"] * (layers - 1) + ["full_attention"])),
+    }
+    model = build[arch]()
     with torch.no_grad():
         model.get_output_embeddings().weight.mul_(4.0)
     return model.eval()

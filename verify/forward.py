@@ -32,6 +32,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from draftkit.verify.attention_layout import AttentionLayout
 from draftkit.verify.cache import KVBuffer
 from draftkit.verify.contract import DraftTree
 from draftkit.verify.step import SHARED, Piece, StepInputs
@@ -51,12 +52,35 @@ def run_model(model, kv: KVBuffer, masks: MaskBuffer | None, block: torch.Tensor
     tokens follow the pending ones causally, so the model builds its own mask (even rows only).
     """
     if block is not None:
-        inputs["attention_mask"] = masks(kv.lengths, block)
+        full = masks(kv.lengths, block)
         inputs["position_ids"] = positions(kv.lengths, offsets)
+        inputs["attention_mask"] = per_layer_type(model, full, inputs["position_ids"], kv.lengths, block.shape[-1])
     try:
         return model(cache=kv, use_cache=True, **inputs)
     finally:
         kv.end_forward()
+
+
+def block_key_positions(past: list[int], q_pos: torch.Tensor, width: int, c: int) -> torch.Tensor:
+    """(B, width) long: the position of each column of a MaskBuffer mask (verify/tree.py) whose rows each see
+    past[b] committed entries at positions 0.. (a row of its own per sequence) and then a block of c entries,
+    the last q of them this forward's (q_pos (B, q)). Pending entries of earlier forwards of the step are placed
+    right after the committed ones (exact for chains; a draft model's tree of pending entries may sit a few
+    positions further, which moves a window by as much and changes only what the draft proposes)."""
+    q = q_pos.shape[1]
+    cols = torch.arange(width, device=q_pos.device).repeat(len(past), 1)
+    for b, start in enumerate(past):
+        cols[b, start + c - q:start + c] = q_pos[b]
+    return cols
+
+
+def per_layer_type(model, full: torch.Tensor, q_pos: torch.Tensor, past: list[int], c: int):
+    """The `attention_mask` for a forward whose full mask (B, 1, q, W) is MaskBuffer's (rows of their own, past[b]
+    committed entries, a block of c), narrowed per layer type (verify/attention_layout.py)."""
+    layout = AttentionLayout.of(model)
+    if layout.plain:
+        return full
+    return layout.masks(full, q_pos, block_key_positions(past, q_pos, full.shape[-1], c))
 
 
 def probe_tolerance(dtype: torch.dtype, scale: float) -> float:
@@ -96,22 +120,29 @@ def probe_tree_attention(model) -> bool:
     dev = model.device
     vocab = model.config.get_text_config().vocab_size if hasattr(model.config, "get_text_config") \
         else model.config.vocab_size
-    prefix = torch.tensor([1 % vocab, 2 % vocab], device=dev)
+    span = AttentionLayout.of(model).widest_window
+    # past a window or chunk boundary when the model has one (and it is short enough to probe), so that a
+    # wrong per-layer mask shows; else the two tokens any tree forward sits on
+    m = span + 2 if 0 < span <= PROBE_SPAN_LIMIT else 2
+    prefix = (torch.arange(m, device=dev) * 7 + 1) % vocab
     tree = DraftTree.from_lists([3 % vocab, 4 % vocab, 5 % vocab], [-1, -1, 1], dev).validate()
     with torch.no_grad():
         try:
-            kv = KVBuffer.for_model(model, capacity=8)
-            out = run_model(model, kv, MaskBuffer(model.dtype, dev), verify_block(tree, 2), verify_offsets(tree, 2),
+            kv = KVBuffer.for_model(model, capacity=m + 6)
+            out = run_model(model, kv, MaskBuffer(model.dtype, dev), verify_block(tree, m), verify_offsets(tree, m),
                             input_ids=torch.cat([prefix, tree.tokens])[None]).logits[0]
             # branch 2: prefix + node 1 + node 2 on its own, with the model's own causal mask
             ref = model(input_ids=torch.cat([prefix, tree.tokens[1:]])[None]).logits[0, -3:]
-            ok = tree_logits_agree(out[[1, 3, 4]], ref, model.dtype)
+            ok = tree_logits_agree(out[[m - 1, m + 1, m + 2]], ref, model.dtype)
         except Exception as err:  # noqa: BLE001 -- sorted by rejects_inputs; the rest is raised again
             if not rejects_inputs(err):
                 raise
             ok = False
     model._draftkit_tree_ok = ok
     return ok
+
+
+PROBE_SPAN_LIMIT = 8192  # windows up to this are probed past their edge (one forward of that many tokens, once)
 
 
 def output_vocab(model) -> int:
@@ -162,6 +193,8 @@ class Verifier:
         self.row_of = {i: i for i in range(lanes)} if self.rows else {}  # lane -> its KV row (rows layout)
         self.released = 0  # entries of the lanes that gave their rows back (rows layout)
         self.owner = torch.full((max(capacity, 1),), SHARED, dtype=torch.long, device=model.device)
+        self.kpos = torch.arange(max(capacity, 1), device=model.device)  # each committed entry's position (packed)
+        self.layout = None  # the model's AttentionLayout, read before the first hand-built mask
         self.peak_entries = 0
         self.peak_logits_bytes = 0
 
@@ -175,9 +208,12 @@ class Verifier:
         self.row_of = {i: i for i in range(self.kv.batch_size)} if self.rows else {}
         self.released = 0
         self.owner.fill_(SHARED)
+        self.kpos.copy_(torch.arange(self.kpos.numel(), device=self.kpos.device))
         self.peak_entries = self.peak_logits_bytes = 0
 
     def _check_tree_attention(self) -> None:
+        if self.layout is None:
+            self.layout = AttentionLayout.of(self.model)  # UnsupportedAttention: one line naming the feature
         if self.tree_ok is None:
             self.tree_ok = probe_tree_attention(self.model)
         if not self.tree_ok:
@@ -240,7 +276,9 @@ class Verifier:
         inputs["position_ids"] = step.pos.view(n, w)
         self.kv.give_start(inputs["position_ids"][:, :1])  # a lane's first pending token sits at its row's length
         block = step.block.view(n, w, n, w).diagonal(dim1=0, dim2=2).permute(2, 0, 1)  # (n, w, w): each row's own
-        inputs["attention_mask"] = self.masks(self.kv.window_lengths(), block)
+        lengths = self.kv.window_lengths()
+        inputs["attention_mask"] = per_layer_type(self.model, self.masks(lengths, block), inputs["position_ids"],
+                                                  lengths, w)
         inputs["logits_to_keep"] = 0
 
     def run(self, step: StepInputs, hidden_layers: tuple[int, ...] = (), logits_to_keep: int | None = None,
@@ -265,7 +303,8 @@ class Verifier:
         else:
             inputs["logits_to_keep"] = keep
             if self._needs_mask(step):
-                inputs["attention_mask"] = self.masks.write(self._past(step), step.block)
+                full = self.masks.write(self._past(step), step.block)
+                inputs["attention_mask"] = self._per_layer_type(full, step.pos)
                 inputs["position_ids"] = step.pos[None]
         try:
             out = forward(cache=self.kv, use_cache=True, **inputs)
@@ -291,9 +330,10 @@ class Verifier:
         block = torch.eye(b, dtype=torch.bool, device=dev)  # padding rows see only themselves
         block[:q, :q] = step.block
         past = F.pad(self._past(step), (0, 0, 0, b - q))  # (b, W): padding rows see no committed entry
-        inputs["attention_mask"] = self.masks.write_static(past, block, self.kv.capacity)
+        full = self.masks.write_static(past, block, self.kv.capacity)
         inputs["input_ids"] = F.pad(step.ids, (0, b - q))[None]
         inputs["position_ids"] = F.pad(step.pos, (0, b - q))[None]
+        inputs["attention_mask"] = self._per_layer_type(full, inputs["position_ids"][0], static=True)
         if prefill or not self.compile or not self.kv.layers[0].is_initialized:
             return self.model
         compiled = compiled_forward(self.model)
@@ -302,6 +342,17 @@ class Verifier:
             with torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT):
                 return compiled(**kw)
         return forward
+
+    def _per_layer_type(self, full: torch.Tensor, pos: torch.Tensor, static: bool = False):
+        """One row's full mask (1, 1, q, W + q or capacity), narrowed per layer type: the keys are the committed
+        entries (at their kept positions) and then the step's q' rows (pos (q',), padding included)."""
+        if self.layout.plain:
+            return full
+        w, width = self.cache_len, full.shape[-1]
+        k_pos = torch.zeros(width, dtype=torch.long, device=pos.device)  # columns past W + q' are hidden anyway
+        k_pos[:w] = self.kpos[:w]
+        k_pos[w:w + pos.numel()] = pos
+        return self.layout.masks(full, pos[None], k_pos[None], self.masks.per_type if static else None)
 
     def commit_rows(self, step: StepInputs, keep: torch.Tensor, keep_host: list[int]) -> None:
         """Keep the pending rows `keep` (K,) long on the device, ascending (keep_host: the same on the host),
@@ -315,7 +366,10 @@ class Verifier:
                 grown = torch.full((2 * (w + k),), SHARED, dtype=torch.long, device=self.owner.device)
                 grown[:self.owner.numel()] = self.owner
                 self.owner = grown
+                self.kpos = torch.cat([self.kpos, torch.arange(self.kpos.numel(), grown.numel(),
+                                                               device=self.kpos.device)])
             self.owner[w:w + k] = step.lane[keep]
+            self.kpos[w:w + k] = step.pos[keep]
         self._keep(spans, keep, keep_host)
 
     def _keep(self, spans: list[tuple[int, int]], keep: torch.Tensor, keep_host: list[int]) -> None:

@@ -53,6 +53,7 @@ class MaskBuffer:
         self.buf = torch.zeros(1, 1, 0, 0, dtype=dtype, device=self.device)
         self.dirty: list[tuple[int, int, int, int]] = []  # (row, q, first column, end column)
         self.static: dict[tuple[int, int], torch.Tensor] = {}  # (bucket, capacity) -> its (1, 1, b, capacity) mask
+        self.per_type: dict[tuple, torch.Tensor] = {}  # (layer type, shape) -> a static mask narrowed to that type
 
     def _room(self, batch: int, q: int, width: int) -> None:
         b, _, rows, cols = self.buf.shape
@@ -91,7 +92,7 @@ class MaskBuffer:
         return self.buf[:1, :, :q, :w + q]
 
     def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in [self.buf, *self.static.values()])
+        return sum(t.numel() * t.element_size() for t in [self.buf, *self.static.values(), *self.per_type.values()])
 
     def write_static(self, past: torch.Tensor, block: torch.Tensor, capacity: int) -> torch.Tensor:
         """One row, static shapes: past (b, W) bool, block (b, b) bool for the b rows of a bucket. Returns the

@@ -1,0 +1,148 @@
+"""Which keys each layer of a model may attend to, so that a hand-built mask hides what the model's own would.
+
+transformers builds one mask per layer type from a 2D mask (`full_attention`, `sliding_attention` with a window
+w: a query at position p sees keys at positions > p - w, `chunked_attention` with chunk c: keys in p's chunk
+of c positions), but returns a 4D mask it is given as-is, for every layer. A tree mask handed to a model whose
+layers slide would let those layers see keys older than their window: the output drifts from plain decoding
+once the context passes the window. So the verifier (and a draft model's own forward) derives, from its full
+tree mask and the positions of the queries and keys, one mask per layer type, and hands the model either that
+one mask (every layer of one type: Mistral, Qwen2 with every layer sliding) or a {layer type: mask} mapping
+(mixed layers: Gemma 2/3, Qwen2 with `max_window_layers`, gpt-oss, Llama 4, Cohere2).
+
+Positions, not columns: in the packed layout a lane's entries interleave with other lanes', so the verifier
+keeps each committed entry's position (verify/forward.py) and the rule is written on positions throughout.
+
+Models this cannot serve exactly are refused in one line that names the feature (`AttentionLayout.of` raises
+UnsupportedAttention when a forward needs a hand-built mask; plain decoding runs on the model's own mask):
+ALiBi position biases (computed by the model from a 2D mask it never gets) and mixed layer types in a model
+whose forward takes one mask for all layers.
+"""
+from __future__ import annotations
+
+import inspect
+import sys
+from dataclasses import dataclass
+
+import torch
+
+FULL, SLIDING, CHUNKED = "full_attention", "sliding_attention", "chunked_attention"
+
+
+class UnsupportedAttention(ValueError):
+    """A model whose attention a hand-built mask cannot reproduce exactly."""
+
+
+def text_config(config):
+    return config.get_text_config() if hasattr(config, "get_text_config") else config
+
+
+def _module_source(model) -> str:
+    """The source of the module that defines the model's class ('' when not readable)."""
+    try:
+        return inspect.getsource(sys.modules[type(model).__module__])
+    except (OSError, TypeError, KeyError):
+        return ""
+
+
+def _layer_types(cfg, source: str) -> list[str]:
+    """Each layer's attention type: `layer_types` when the config has it; else every layer sliding when the
+    config sets a window AND the model's code builds a sliding mask from it (Mistral, Mixtral, Phi-3,
+    Starcoder2: a `sliding_window` field some other families carry unused must not narrow anything)."""
+    types = getattr(cfg, "layer_types", None)
+    layers = getattr(cfg, "num_hidden_layers", None) or 1
+    if types:
+        return list(types)
+    window = getattr(cfg, "sliding_window", None)
+    if window and getattr(cfg, "use_sliding_window", True) and "create_sliding_window_causal_mask" in source:
+        return [SLIDING] * layers
+    return [FULL] * layers
+
+
+def _alibi(model) -> bool:
+    cfg = text_config(model.config)
+    return bool(getattr(cfg, "alibi", False)) or getattr(cfg, "position_embedding_type", None) == "alibi" \
+        or getattr(cfg, "model_type", "") in ("bloom", "mpt")
+
+
+@dataclass(frozen=True)
+class AttentionLayout:
+    """spans: {layer type: its window (sliding) or chunk size (chunked), None for full attention}; mapping: the
+    model reads a {layer type: mask} dict (needed when its layers mix types)."""
+
+    spans: dict
+    mapping: bool
+
+    @classmethod
+    def of(cls, model) -> "AttentionLayout":
+        """The layout of `model` (kept on it). Raises UnsupportedAttention for mixed types without a mapping."""
+        cached = getattr(model, "_draftkit_layout", None)
+        if cached is not None:
+            return cached
+        if _alibi(model):
+            raise UnsupportedAttention(f"{type(model).__name__} adds ALiBi position biases, which it computes from "
+                                       "a 2D mask that a tree forward never gives it")
+        cfg = text_config(model.config)
+        source = _module_source(model)
+        spans = {}
+        for kind in _layer_types(cfg, source):
+            if kind == SLIDING:
+                spans[kind] = int(cfg.sliding_window)
+            elif kind == CHUNKED:
+                spans[kind] = int(cfg.attention_chunk_size)
+            elif kind == FULL:
+                spans[kind] = None
+            else:
+                raise UnsupportedAttention(f"{type(model).__name__} has layers of attention type {kind!r}, "
+                                           "which draftkit does not know how to mask")
+        mapping = "causal_mask_mapping" in source
+        if len(spans) > 1 and not mapping:
+            raise UnsupportedAttention(f"{type(model).__name__} mixes attention layer types ({', '.join(spans)}) "
+                                       "but its forward takes one mask for all layers")
+        layout = cls(spans, mapping)
+        try:
+            model._draftkit_layout = layout
+        except AttributeError:
+            pass
+        return layout
+
+    @property
+    def plain(self) -> bool:
+        """Every layer attends to every earlier key: the full mask serves as it is."""
+        return all(span is None for span in self.spans.values())
+
+    @property
+    def widest_window(self) -> int:
+        """The largest window or chunk (0 when every layer is full): what a probe must pass to see the rule."""
+        return max((s for s in self.spans.values() if s), default=0)
+
+    def far(self, kind: str, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor | None:
+        """(B, 1, q, W) bool: keys a layer of `kind` must not see, on top of the full mask (None: none).
+        q_pos (B, q) and k_pos (B, W) long positions."""
+        span = self.spans[kind]
+        if span is None:
+            return None
+        q, k = q_pos[:, None, :, None], k_pos[:, None, None, :]
+        if kind == SLIDING:
+            return q - k >= span
+        return torch.div(q, span, rounding_mode="floor") != torch.div(k, span, rounding_mode="floor")
+
+    def masks(self, full: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor, out: dict | None = None):
+        """What to hand the model as `attention_mask`: full (B, 1, q, W) additive, as it is for a plain layout;
+        else one mask per layer type (a dict when the model reads one). out: {(kind, shape): buffer} to write
+        into in place (static shapes: a compiled forward keeps its mask addresses), else new tensors."""
+        if self.plain:
+            return full
+        low = torch.finfo(full.dtype).min
+        per_kind = {}
+        for kind in self.spans:
+            far = self.far(kind, q_pos, k_pos)
+            if far is None:
+                per_kind[kind] = full
+            elif out is None:
+                per_kind[kind] = full.masked_fill(far, low)
+            else:
+                buf = out.get((kind, full.shape))
+                if buf is None:
+                    buf = out[(kind, full.shape)] = torch.empty_like(full)
+                per_kind[kind] = buf.copy_(full).masked_fill_(far, low)
+        return per_kind if self.mapping else next(iter(per_kind.values()))
