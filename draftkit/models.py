@@ -1,4 +1,5 @@
-"""Loading models by name: the shipped zoo (None / "default"), a local folder or a hub id."""
+"""Loading models by name: the shipped zoo (None / "default"), a named real target (`smollm2-135m`), a GGUF file,
+a local folder or a hub id."""
 from __future__ import annotations
 
 import os
@@ -7,6 +8,7 @@ from urllib.parse import urlparse
 
 import torch
 
+from draftkit.gguf import resolve_real
 from draftkit.zoo import verified_path
 
 HUB_TIMEOUT_S = 2.0  # how long the hub may take to answer before a hub id counts as unreachable
@@ -17,7 +19,11 @@ class ModelUnreachable(OSError):
 
 
 def resolve(name_or_path: str | None, default: str) -> str:
-    return verified_path(default) if name_or_path in (None, "", "default") else name_or_path
+    """A loadable folder or hub id: the zoo's `default` (None), a named real target or a .gguf file (converted
+    once into a cached folder, draftkit/gguf.py), or `name_or_path` as it is."""
+    if name_or_path in (None, "", "default"):
+        return verified_path(default)
+    return resolve_real(str(name_or_path)) or name_or_path
 
 
 def looks_like_path(name: str) -> bool:

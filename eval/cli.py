@@ -16,6 +16,12 @@ from draftkit.eval.drafter_flags import add_drafter_flags, check_drafter_flags
 from draftkit.eval.tasks import TASKS
 from draftkit.models import hub_problem
 
+
+def is_real(name) -> bool:
+    from draftkit.gguf import REAL_TARGETS, is_gguf
+
+    return name in REAL_TARGETS or is_gguf(name)
+
 # What a run measures unless a flag says otherwise; an explicit flag always wins over a preset.
 # default: about 3 minutes on 2 CPU cores with every drafter; full: the README's table.
 PRESETS = {
@@ -23,6 +29,9 @@ PRESETS = {
     "quick": {"tasks": "code,copy", "prompts": 2, "prompt_len": 192, "max_new_tokens": 32, "repeats": 1},
     "full": {"tasks": "code,copy,prose", "prompts": 6, "prompt_len": 192, "max_new_tokens": 128, "repeats": 3},
 }
+
+
+CHAT_PRESET_TASKS = ("chat", "humaneval")  # the tasks of every preset when the target has a chat template
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter):
@@ -85,6 +94,10 @@ def build_parser(description: str | None = None) -> Parser:
                          "starts (cores less the load average, at least 1; a thread sharing its core with other "
                          "work stalls every op of a forward) (default: %(default)s)")
     ap.add_argument("--no-peers", action="store_true", help="skip transformers' generate peer rows")
+    ap.add_argument("--chat", action=argparse.BooleanOptionalAction, default=None,
+                    help="render prompts with the target's chat template (--chat: every task; --no-chat: none; "
+                         "default: the chat, humaneval and prompts-file tasks when the target has a template; "
+                         "a second Spec-Bench turn follows the target's own answer to the first)")
     ap.add_argument("--grammar", help="constrain every prompt's output to a grammar: a .json schema file, a .ebnf "
                                       "grammar file or regex:PATTERN; plain decoding then is plain constrained "
                                       "decoding (needs xgrammar: pip install 'draftkit[grammar]') (default: none)")
@@ -144,6 +157,8 @@ def check_flags(args) -> list[check.PromptText] | None:
     check.temperature(args.temperature)
     check.top_p(args.top_p)
     for flag in ("target", "draft", "medusa", "eagle", "eagle3"):
+        if flag == "target" and is_real(args.target):
+            continue  # a named real target or a GGUF file: target_info finds (or converts) it
         check.model_ref(f"--{flag}", getattr(args, flag))
         problem = getattr(args, flag) and hub_problem(getattr(args, flag))
         if problem:
@@ -200,12 +215,16 @@ def target_info(name: str | None):
     """(folder or hub id, context length or None, tokenizer) of the target, read before its weights."""
     from transformers import AutoConfig, AutoTokenizer
 
-    from draftkit.zoo import ZooError, verified_path
+    from draftkit.gguf import RealTargetMissing
+    from draftkit.models import resolve
+    from draftkit.zoo import ZooError
 
     try:
-        path = verified_path("target") if name in (None, "default") else name
+        path = resolve(name, "target")  # a named real target or a .gguf file: its converted folder
     except ZooError as e:
         raise UsageError(f"the shipped target: {e}") from None
+    except (RealTargetMissing, FileNotFoundError) as e:
+        raise UsageError(f"--target: {e}") from None
     from huggingface_hub.utils import logging as hub_logging
     from transformers.utils import logging as hf_logging
 
@@ -227,12 +246,15 @@ def target_info(name: str | None):
 
 
 def build_prompts(args, tok, texts):
+    from draftkit.eval.chat_tasks import MissingBenchmark
     from draftkit.eval.tasks import build_tasks, from_texts
 
     try:
         if texts is not None:
-            return from_texts(texts, tok, args.prompts)
-        return build_tasks(tok, args.task_names, args.prompts, args.prompt_len, args.seed)
+            return from_texts(texts, tok, args.prompts, args.chat)
+        return build_tasks(tok, args.task_names, args.prompts, args.prompt_len, args.seed, args.chat)
+    except MissingBenchmark as e:
+        raise UsageError(f"--tasks humaneval: {e}") from None
     except ValueError as e:
         raise UsageError(str(e) if texts is not None else f"--prompt-len {args.prompt_len}: {e}") from None
 
@@ -272,6 +294,8 @@ def prepare(argv, description: str | None = None):
     texts = check_flags(args)
     check_drafters(args, drafter_choices())
     path, context, tok = target_info(args.target)
+    if texts is None and "tasks" not in args.explicit and getattr(tok, "chat_template", None):
+        args.task_names = list(CHAT_PRESET_TASKS)  # a chat model: what its users send, not text to continue
     check.fits_context(context, args.max_new_tokens, None if texts is not None else args.prompt_len)
     args.grammars = task_grammars(args, tok, args.task_names or sorted({t.task for t in texts}))
     tasks = build_prompts(args, tok, texts)

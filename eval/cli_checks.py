@@ -91,6 +91,7 @@ class PromptText:
     task: str  # Spec-Bench "category", or "task", or "jsonl"
     text: str
     source: str  # file:line
+    later_turns: tuple = ()  # Spec-Bench's turns after the first (asked after the target's answer, in chat)
 
 
 def _kind(x) -> str:
@@ -113,6 +114,8 @@ def prompt_line(line: str, where: str) -> PromptText:
         if not isinstance(turns, list) or not turns:
             raise UsageError(f'{where}: "turns" must be a non-empty list of strings, got {_kind(turns)}')
         text, key = turns[0], '"turns"[0]'
+        if not all(isinstance(t, str) and t for t in turns):
+            raise UsageError(f'{where}: every entry of "turns" must be a non-empty string')
     else:
         keys = ", ".join(map(repr, row)) or "none"
         raise UsageError(f'{where}: no "prompt" key (nor Spec-Bench "turns"); its keys: {keys}')
@@ -121,7 +124,7 @@ def prompt_line(line: str, where: str) -> PromptText:
     if not text:
         raise UsageError(f"{where}: {key} is empty")
     task = row.get("category") or row.get("task") or "jsonl"
-    return PromptText(str(task), text, where)
+    return PromptText(str(task), text, where, tuple(row.get("turns", [])[1:]) if "prompt" not in row else ())
 
 
 def read_prompts_file(path: str) -> list[PromptText]:

@@ -154,6 +154,7 @@ def run(args, target_path, tok, tasks, notes, started: float) -> int:
         with quiet_warnings() as warned:
             target = dk.load_model(target_path)
             report["target_params"] = sum(p.numel() for p in target.parameters())
+            follow_up(args, target, tok, tasks)
             methods = build_methods(args, target, tok, on_error=lambda name, msg, tb: failed("all", name, msg, tb))
             total = (sum(len(p) for p in tasks.values()) * args.repeats + 1) * len(methods)
             with tqdm(total=total, desc="compare", unit="run") as bar:
@@ -171,7 +172,7 @@ def run(args, target_path, tok, tasks, notes, started: float) -> int:
                     res = measure(methods, [p.ids for p in prompts], args.repeats, bar,
                                   on_error=lambda m, i, msg, tb: failed(task, m, msg, tb, prompts[i].source))
                     for row in task_rows(task, methods, res, greedy=args.temperature == 0, cost_curve=curve):
-                        writer.add(row)
+                        writer.add({**row, "chat": prompts[0].messages is not None})
             if args.batch_size_list:
                 report["batches"] = batch_rows(args, target, next(iter(tasks.values())), bar, methods)
     except KeyboardInterrupt:
@@ -207,6 +208,15 @@ def run(args, target_path, tok, tasks, notes, started: float) -> int:
         print(f"{len(writer.errors)} failure(s): see the FAILED rows", file=sys.stderr)
         status = 1
     return status
+
+
+def follow_up(args, target, tok, tasks) -> None:
+    """Spec-Bench's second turns: each follows the target's own greedy answer to the first (written here, untimed)."""
+    from draftkit.eval.chat_tasks import follow_turns
+
+    if any(p.later_turns for prompts in tasks.values() for p in prompts):
+        added = follow_turns(tasks, target, tok, args.max_new_tokens, None)
+        print(f"second turns: {added} prompts follow the target's own answer to their first turn")
 
 
 def torch_threads() -> int:

@@ -5,14 +5,21 @@
          repeats what the prompt holds (where n-gram drafters shine).
 - prose: English documentation text (pydoc's topics, held out from training).
 - json:  prompts asking for a JSON object of a shipped schema, decoded under that schema (eval/json_task.py).
+- chat:  the chat set, a task per category (chat/writing, ...), and humaneval: HumanEval's problems
+         (eval/chat_tasks.py); rendered with the target's chat template when it has one.
 - jsonl: a user's file, one {"prompt": ...} or Spec-Bench {"turns": [...]} object per line.
+
+`chat` (None: auto) says whether prompts go through the chat template: auto templates the instruction tasks
+(chat, humaneval, a prompts file) when the tokenizer has a template and leaves the text windows (code, copy,
+prose) as text to continue; True templates every task (a window becomes the user's turn), False none.
 """
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-TASKS = ("code", "copy", "prose", "json")
+TASKS = ("code", "copy", "prose", "json", "chat", "humaneval")
+INSTRUCTION_TASKS = ("chat", "humaneval", "jsonl")
 
 
 @dataclass
@@ -20,6 +27,25 @@ class Prompt:
     task: str
     ids: list[int]
     source: str  # where the text came from
+    messages: list[dict] | None = None  # the conversation `ids` renders, when chat-templated
+    later_turns: list[str] = field(default_factory=list)  # user turns that follow the target's answer
+
+
+def use_chat(chat: bool | None, task: str, tokenizer) -> bool:
+    """Whether `task`'s prompts go through the chat template (module docstring)."""
+    from draftkit.eval.chat_tasks import has_template
+
+    if chat is None:
+        return task.split("/")[0] in INSTRUCTION_TASKS and has_template(tokenizer)
+    return chat
+
+
+def as_chat(prompt: Prompt, tokenizer) -> Prompt:
+    """A text prompt made the user's turn of a chat."""
+    from draftkit.eval.chat_tasks import templated
+
+    messages = [{"role": "user", "content": tokenizer.decode(prompt.ids)}]
+    return Prompt(prompt.task, templated(tokenizer, messages), prompt.source, messages=messages)
 
 
 def _windows(texts: list[tuple[str, str]], tokenizer, n: int, length: int, seed: int, task: str) -> list[Prompt]:
@@ -47,10 +73,19 @@ def held_out_texts():
     return code, prose_parts
 
 
-def build_tasks(tokenizer, tasks=TASKS, n: int = 8, length: int = 192, seed: int = 0) -> dict[str, list[Prompt]]:
-    code, prose = held_out_texts()
+def build_tasks(tokenizer, tasks=TASKS, n: int = 8, length: int = 192, seed: int = 0,
+                chat: bool | None = None) -> dict[str, list[Prompt]]:
+    from draftkit.eval.chat_tasks import chat_tasks, humaneval_task
+
+    code, prose = held_out_texts() if set(tasks) & {"code", "copy", "prose"} else ([], [])
     out: dict[str, list[Prompt]] = {}
     for task in tasks:
+        if task == "chat":
+            out.update(chat_tasks(tokenizer, n, use_chat(chat, task, tokenizer)))
+            continue
+        if task == "humaneval":
+            out[task] = humaneval_task(tokenizer, n, use_chat(chat, task, tokenizer))
+            continue
         if task == "json":
             from draftkit.eval.json_task import json_prompts
 
@@ -66,18 +101,28 @@ def build_tasks(tokenizer, tasks=TASKS, n: int = 8, length: int = 192, seed: int
                          for p in snippets]
         else:
             raise ValueError(f"unknown task {task!r}; choose from {TASKS} or pass --prompts-file")
+        if task != "json" and use_chat(chat, task, tokenizer):
+            out[task] = [as_chat(p, tokenizer) for p in out[task]]
     return out
 
 
-def from_texts(texts, tokenizer, n: int | None = None) -> dict[str, list[Prompt]]:
-    """Tokenized prompts of a prompts file (eval.cli_checks.read_prompts_file), at most n per task."""
+def from_texts(texts, tokenizer, n: int | None = None, chat: bool | None = None) -> dict[str, list[Prompt]]:
+    """Tokenized prompts of a prompts file (eval.cli_checks.read_prompts_file), at most n per task; chat-templated
+    (with Spec-Bench's later turns kept for `follow_turns`) when `use_chat` says so for a prompts file."""
+    from draftkit.eval.chat_tasks import templated
+
+    templ = use_chat(chat, "jsonl", tokenizer)
     out: dict[str, list[Prompt]] = {}
     for t in texts:
-        ids = tokenizer(t.text)["input_ids"]
+        if n and len(out.get(t.task, [])) >= n:
+            continue
+        messages = [{"role": "user", "content": t.text}] if templ else None
+        ids = templated(tokenizer, messages) if templ else tokenizer(t.text)["input_ids"]
         if not ids:
             raise ValueError(f"{t.source}: the prompt tokenizes to no tokens")
-        if not n or len(out.get(t.task, [])) < n:
-            out.setdefault(t.task, []).append(Prompt(t.task, ids, t.source))
+        out.setdefault(t.task, []).append(Prompt(t.task, ids, t.source, messages=messages,
+                                                 later_turns=list(getattr(t, "later_turns", ()) or ()) if templ
+                                                 else []))
     return out
 
 

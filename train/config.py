@@ -194,6 +194,13 @@ def resolve_model(name: str, kind: str, flag: str = "--target") -> str:
         except ZooError as err:
             raise TrainError(f"{flag} default: {err}") from None
         return os.path.relpath(path) if path.is_relative_to(Path.cwd().resolve()) else str(path)
+    from draftkit.gguf import REAL_TARGETS, RealTargetMissing, is_gguf, resolve_real
+
+    if name in REAL_TARGETS or is_gguf(name):  # a named real target or a GGUF file: its converted folder
+        try:
+            return resolve_real(name)
+        except (RealTargetMissing, FileNotFoundError) as err:
+            raise TrainError(f"{flag} {err}") from None
     looks_local = looks_like_path(name)
     if looks_local and not os.path.exists(os.path.expanduser(name)):
         raise TrainError(f"{flag} {name}: no such folder (train it first, or leave {flag} unset for the "

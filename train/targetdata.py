@@ -51,6 +51,10 @@ class TargetDataConfig(TrainConfig):
     train_rows: int = field(4096, "rows (seq_len tokens each) of training data taken from the corpus or conversations "
                                   "(rounded up to whole shards; raising it later keeps the shards already made)")
     regen_prompt_len: int = field(64, "text: corpus tokens that start each regenerated row")
+    regen_max_new_tokens: int = field(0, "conversations: the longest answer the target writes per turn (0: up to "
+                                         "seq_len); a batch runs until its longest answer ends, so a cap bounds it")
+    heldout_rows: int = field(32, "conversations: held-out conversations the target answers (greedy) for the "
+                                  "held-out metrics")
     regen_temperatures: list[float] = field([0.0, 0.8], "sampling temperatures of the regeneration, alternating "
                                                         "by shard (0: greedy)")
     shard_rows: int = field(128, "rows generated (and stored) together: one shard")
@@ -157,7 +161,7 @@ def _text_mask(rows: torch.Tensor, prompt_len: int, eos: int) -> torch.Tensor:
 
 @torch.no_grad()
 def regenerate_conversations(target, tokenizer, convs: list[list[dict]], seq_len: int, temperature: float,
-                             seed: int) -> list[list[dict]]:
+                             seed: int, max_new_tokens: int = 0) -> list[list[dict]]:
     """Every assistant turn rewritten by the target, in order, given the conversation so far (batched per turn)."""
     convs = [[dict(m) for m in c] for c in convs]
     eos = tokenizer.eos_token_id
@@ -172,10 +176,13 @@ def regenerate_conversations(target, tokenizer, convs: list[list[dict]], seq_len
             texts = [tokenizer.apply_chat_template(c[:i], tokenize=False, add_generation_prompt=True) for c, i in todo]
             enc = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False).to(target.device)
             room = max(1, seq_len - int(enc["attention_mask"].sum(1).min()))
+            room = min(room, max_new_tokens) if max_new_tokens > 0 else room
             torch.manual_seed(seed + turn)
             sample = dict(do_sample=True, temperature=temperature, top_k=0, top_p=1.0) if temperature > 0 \
                 else dict(do_sample=False)
-            out = target.generate(**enc, max_new_tokens=room, pad_token_id=eos, eos_token_id=eos, **sample)
+            # a static cache: a dynamic one concatenates every layer's keys each step (O(T^2) copies at batch 64)
+            out = target.generate(**enc, max_new_tokens=room, pad_token_id=eos, eos_token_id=eos,
+                                  cache_implementation="static", **sample)
             for (c, i), row in zip(todo, out[:, enc["input_ids"].shape[1]:].tolist()):
                 c[i]["content"] = tokenizer.decode(row[:row.index(eos)] if eos in row else row,
                                                    skip_special_tokens=True)
@@ -212,6 +219,25 @@ class RowStore:
     def _count(self, i: int) -> int:
         return self.cfg.shard_rows  # whole shards only: shard i never depends on train_rows
 
+    def heldout_rows(self, convs: list) -> tuple[torch.Tensor, torch.Tensor]:
+        """(ids, mask) of the held-out conversations (at most heldout_rows of them): with `regenerate`, answered by the
+        target greedily (what the draft is measured against is the target's own answers), stored beside the shards."""
+        convs = convs[:self.cfg.heldout_rows]
+        if not self.cfg.regenerate:
+            return conversation_rows(self.tokenizer, convs, self.cfg.seq_len)
+        path = os.path.join(self.dir, "heldout.pt") if self.dir else None
+        if path and os.path.exists(path):
+            part = torch.load(path)
+        else:
+            self.acc.print(f"regenerating {len(convs)} held-out conversations")
+            convs = regenerate_conversations(self.target, self.tokenizer, convs, self.cfg.seq_len, 0.0,
+                                             self.cfg.data_seed, self.cfg.regen_max_new_tokens)
+            ids, mask = conversation_rows(self.tokenizer, convs, self.cfg.seq_len)
+            part = {"ids": ids, "mask": mask}
+            if path:
+                _save(part, path)
+        return part["ids"], part["mask"]
+
     def make_shard(self, i: int) -> dict:
         cfg, eos = self.cfg, self.tokenizer.eos_token_id
         temperature = cfg.regen_temperatures[i % len(cfg.regen_temperatures)]
@@ -220,7 +246,8 @@ class RowStore:
             first = i * cfg.shard_rows
             convs = [self.conversations[(first + j) % len(self.conversations)] for j in range(self._count(i))]
             if cfg.regenerate:
-                convs = regenerate_conversations(self.target, self.tokenizer, convs, cfg.seq_len, temperature, seed)
+                convs = regenerate_conversations(self.target, self.tokenizer, convs, cfg.seq_len, temperature, seed,
+                                                 cfg.regen_max_new_tokens)
             ids, mask = conversation_rows(self.tokenizer, convs, cfg.seq_len)
             return {"ids": ids, "mask": mask}
         block = BlockSampler(self.stream, cfg.seq_len, self._count(i), cfg.data_seed + 7919).batch(i)  # (b, T)
@@ -363,7 +390,7 @@ def target_data(cfg, target, tokenizer, acc, layers=(), seed: int | None = None)
         with acc.main_process_first():
             corpus = build_corpus(cfg.corpus, cfg.messages_column)
         train_stream, conversations = None, list(corpus.train["text"])
-        heldout = conversation_rows(tokenizer, list(corpus.heldout["text"]), cfg.seq_len)
+        heldout = list(corpus.heldout["text"])  # rendered below: as written, or answered by the target
     else:
         corpus, train_stream, heldout = load_streams(cfg, tokenizer, acc)
         conversations = None
@@ -371,10 +398,13 @@ def target_data(cfg, target, tokenizer, acc, layers=(), seed: int | None = None)
     # shard i depends on i and these settings only, so a larger train_rows keeps the shards already made
     rkey = digest(tfp if cfg.regenerate else "", corpus.fingerprint, cfg.messages_column, cfg.seq_len, cfg.shard_rows,
                   cfg.regenerate, cfg.regen_prompt_len if cfg.regenerate else 0,
+                  *([cfg.regen_max_new_tokens] if cfg.regen_max_new_tokens else []),
                   cfg.regen_temperatures if cfg.regenerate else [], cfg.data_seed)
     store = RowStore(cfg, target, tokenizer, train_stream, conversations, rkey, acc)
     with acc.main_process_first():
         rows, mask = store.build()
+        if conversations is not None:
+            heldout = store.heldout_rows(heldout)
     fdir = os.path.join(cfg.cache_dir, f"feats-{digest(tfp, rkey)}") if cfg.cache_dir else None
     data = TargetData(cfg, target, rows, mask, layers, heldout, fdir, acc, cfg.seed if seed is None else seed)
     data.corpus = corpus

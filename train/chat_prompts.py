@@ -1,0 +1,161 @@
+r"""Training conversations for drafts of a chat target, built offline: user turns only, the target answers them.
+
+    python train/chat_prompts.py --out runs/chat/prompts.jsonl --rows 4096
+
+A draft must learn what the target says when it answers a user, so the prompts must look like what users ask:
+chat, code, documents, math. None of HumanEval or the evaluation chat set (eval/prompts/chat.jsonl) is used; a
+test checks that no training prompt shares an 8-word run with any evaluation prompt. Three sources:
+- code: functions and classes from the training split of the offline corpus (draftkit/corpus.py; its held-out
+  files are never read), with requests to explain, test, review, document or rewrite them, or to write a function
+  from its docstring's first line;
+- documents: module and class docstrings of the same files as passages to summarize, question, translate,
+  simplify or mine for terms;
+- general: writing, role-play, reasoning, arithmetic word problems, science and humanities questions composed
+  from word lists (the evaluation set's topics are not among them).
+Each row is {"messages": [user, empty assistant], "kind": ...}; train/targetdata.py renders it with the target's
+chat template and `regenerate` lets the target write every assistant turn. The output is deterministic in --seed.
+"""
+from __future__ import annotations
+
+import argparse
+import ast
+import json
+import os
+import random
+from pathlib import Path
+
+CODE_ASKS = [
+    "Explain what the following Python code does, step by step.\n\n```python\n{code}\n```",
+    "Write pytest unit tests for this function.\n\n```python\n{code}\n```",
+    "Review this code and point out possible bugs or edge cases.\n\n```python\n{code}\n```",
+    "Add type hints and a clear docstring to this code.\n\n```python\n{code}\n```",
+    "Rewrite this code to be shorter and easier to read, keeping its behaviour.\n\n```python\n{code}\n```",
+    "What is the time complexity of this code? Justify briefly.\n\n```python\n{code}\n```",
+]
+WRITE_ASK = "Write a Python function `{name}({args})` that does the following: {doc}"
+DOC_ASKS = [
+    "Summarize this passage in a few sentences.\n\n{text}",
+    "Read the passage and list its three most important points.\n\n{text}",
+    "Explain this passage to a beginner programmer in plain words.\n\n{text}",
+    "Translate the following passage into {language}.\n\n{text}",
+    "Extract the technical terms from this text and return them as a JSON list.\n\n{text}",
+    "Passage:\n{text}\n\nQuestion: according to the passage, what is the main purpose of `{name}`?",
+]
+LANGUAGES = ["French", "Spanish", "German", "Italian", "Portuguese"]
+WRITING = ["Compose a short poem about {a}.", "Write a diary entry of someone who just discovered {a}.",
+           "Write a product description for a {b} that helps with {a}.",
+           "Draft a friendly email inviting colleagues to a workshop on {a}.",
+           "Tell a short fable in which a {c} learns about {a}."]
+ROLES = ["Act as a {r} and give advice to a customer who asks about {a}.",
+         "You are a {r}. Describe a typical working day in the first person.",
+         "Pretend to be a {r} interviewing a candidate; ask five questions about {a}."]
+REASON = ["A {c} is heavier than a {b}, and a {b} is heavier than a cup. Which is lightest? Explain.",
+          "If every {c} in a village owns a {b}, and Tom owns no {b}, can Tom be a {c} of the village? Why?",
+          "List the pros and cons of replacing a {b} with a {c}, then decide."]
+MATH = ["A shop sells {b}s for {x} dollars each. Ana buys {y} of them and pays with {z} dollars. "
+        "How much change does she get? Show your work.",
+        "A train travels {x} km in {y} hours. At the same speed, how far does it go in {z} hours?",
+        "What is {x} percent of {z}? Explain the calculation.",
+        "Solve for n: {y} * n + {x} = {z}. Show each step."]
+SCIENCE = ["photosynthesis", "plate tectonics", "the water cycle", "magnetism", "nuclear fusion", "vaccines",
+           "black holes", "enzymes", "ocean tides", "semiconductors", "the greenhouse effect", "DNA replication"]
+HUMANITIES = ["the printing press", "the Silk Road", "ancient Egyptian writing", "the Renaissance",
+              "the industrial revolution", "Greek philosophy", "the invention of paper", "medieval castles"]
+ASK_TOPIC = ["Explain {t} in simple terms.", "Give three surprising facts about {t}.",
+             "Why is {t} important? Answer in one paragraph.", "Write a short quiz of four questions about {t}."]
+THINGS_A = ["gardening", "saving money", "learning a language", "time management", "recycling", "cooking rice",
+            "public speaking", "bird watching", "night photography", "home repairs"]
+THINGS_B = ["lamp", "bicycle", "backpack", "notebook", "kettle", "umbrella", "chair", "clock"]
+THINGS_C = ["fox", "robot", "farmer", "sailor", "teacher", "owl", "baker", "pilot"]
+ROLE_NAMES = ["librarian", "travel agent", "chef", "mechanic", "museum guide", "fitness coach", "pharmacist"]
+
+
+def snippets(files: list[tuple[str, str]], rng: random.Random, max_chars: int = 1200):
+    """(kind, name, args, code, doc) for top-level functions and classes of the given (path, source) files."""
+    out = []
+    for _, src in files:
+        try:
+            tree = ast.parse(src)
+        except (SyntaxError, ValueError):
+            continue
+        lines = src.splitlines()
+        for node in tree.body:
+            if not isinstance(node, (ast.FunctionDef, ast.ClassDef)) or node.name.startswith("_"):
+                continue
+            code = "\n".join(lines[node.lineno - 1:node.end_lineno])
+            doc = ast.get_docstring(node) or ""
+            if 80 < len(code) <= max_chars:
+                args = ", ".join(a.arg for a in node.args.args) if isinstance(node, ast.FunctionDef) else ""
+                out.append(("code", node.name, args, code, doc))
+            if len(doc) > 300 and isinstance(node, ast.ClassDef):
+                out.append(("doc", node.name, "", "", doc[:1500]))
+        mod_doc = ast.get_docstring(tree) or ""
+        if len(mod_doc) > 300:
+            out.append(("doc", Path(_).stem, "", "", mod_doc[:1500]))
+    rng.shuffle(out)
+    return out
+
+
+def general(rng: random.Random) -> tuple[str, str]:
+    fill = dict(a=rng.choice(THINGS_A), b=rng.choice(THINGS_B), c=rng.choice(THINGS_C), r=rng.choice(ROLE_NAMES),
+                x=rng.randint(2, 90), y=rng.randint(2, 12), z=rng.randint(100, 500))
+    kind = rng.choice(["writing", "roleplay", "reasoning", "math", "stem", "humanities"])
+    if kind in ("stem", "humanities"):
+        topic = rng.choice(SCIENCE if kind == "stem" else HUMANITIES)
+        return kind, rng.choice(ASK_TOPIC).format(t=topic)
+    pool = {"writing": WRITING, "roleplay": ROLES, "reasoning": REASON, "math": MATH}[kind]
+    return kind, rng.choice(pool).format(**fill)
+
+
+def build(rows: int, seed: int = 0, files: list[tuple[str, str]] | None = None) -> list[dict]:
+    """`rows` conversations: about 45% code, 25% documents, 30% general."""
+    rng = random.Random(seed)
+    if files is None:
+        from draftkit.corpus import build_local_corpus
+        train = build_local_corpus().train  # the training split only: held-out files never become prompts
+        files = list(zip(train["path"], train["text"]))
+    pool = snippets(files, rng)
+    code = [s for s in pool if s[0] == "code"]
+    docs = [s for s in pool if s[0] == "doc"]
+    out = []
+    for i in range(rows):
+        r = rng.random()
+        if r < 0.45 and code:
+            _, name, args, src, doc = code[i % len(code)]
+            if doc and rng.random() < 0.3:
+                kind, text = "code-write", WRITE_ASK.format(name=name, args=args, doc=doc.split("\n")[0])
+            else:
+                kind, text = "code", rng.choice(CODE_ASKS).format(code=src)
+        elif r < 0.70 and docs:
+            _, name, _, _, doc = docs[i % len(docs)]
+            kind, text = "document", rng.choice(DOC_ASKS).format(text=doc, name=name, language=rng.choice(LANGUAGES))
+        else:
+            kind, text = general(rng)
+        out.append({"messages": [{"role": "user", "content": text}, {"role": "assistant", "content": ""}],
+                    "kind": kind})
+    return out
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--out", required=True, help="the JSONL file to write (its folder is created)")
+    ap.add_argument("--rows", type=int, default=4096, help="conversations to write (default: 4096)")
+    ap.add_argument("--seed", type=int, default=0, help="seed of the choices (default: 0)")
+    args = ap.parse_args(argv)
+    if args.rows < 1:
+        ap.error(f"--rows must be >= 1, got {args.rows}")
+    rows = build(args.rows, args.seed)
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    tmp = args.out + ".tmp"
+    with open(tmp, "w") as fh:
+        for row in rows:
+            fh.write(json.dumps(row) + "\n")
+    os.replace(tmp, args.out)
+    kinds = {}
+    for row in rows:
+        kinds[row["kind"]] = kinds.get(row["kind"], 0) + 1
+    print(f"wrote {len(rows)} conversations to {args.out}: " + ", ".join(f"{k} {n}" for k, n in sorted(kinds.items())))
+
+
+if __name__ == "__main__":
+    main()
