@@ -40,7 +40,7 @@ from torch import nn
 from transformers.models.llama.modeling_llama import (LlamaMLP, LlamaRMSNorm, LlamaRotaryEmbedding,
                                                       apply_rotary_pos_emb)
 
-from draftkit.drafters.eagle import _target_name, check_target_shape, target_shape
+from draftkit.drafters.eagle import _target_name, check_target_shape, target_dtype, target_shape
 from draftkit.drafters.attention_window import far_back
 from draftkit.drafters.reference_config import llama_config, llama_layer_config
 from draftkit.verify.contract import Budget, DecodeState, DraftTree, StepResult
@@ -327,7 +327,9 @@ class DFlashDrafter:
         self._target = target
         self.embed, self.head = target.get_input_embeddings(), target.get_output_embeddings()
         self.device = self.head.weight.device
-        self.draft = draft.to(self.device).eval()
+        # the draft runs in the target's dtype (a bf16 draft beside a bf16 target): features and embeddings
+        # enter without a cast every step; only an fp32 draft's own training keeps it in fp32
+        self.draft = draft.to(self.device, target_dtype(target)).eval()
         self.hidden_layers = tuple(draft.config.target_layers)
         self.top_k, self.temperature, self.sampling = top_k, temperature, sampling
         self.tree_temperature = float(draft.config.tree_temperature)

@@ -46,6 +46,11 @@ from transformers import AutoConfig, AutoModel
 
 from draftkit.verify.contract import Budget, DecodeState, DraftTree, StepResult
 
+
+def target_dtype(target) -> torch.dtype:
+    """The dtype a draft of `target` runs in: the target's own (its LM head's)."""
+    return target.get_output_embeddings().weight.dtype
+
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
 
@@ -299,8 +304,10 @@ class EagleDrafter:
         self.embed = target.get_input_embeddings()
         self.head = target.get_output_embeddings()
         self.device = self.head.weight.device
-        self.draft = draft.to(self.device).eval()
-        self.dtype = next(draft.parameters()).dtype
+        # the draft runs in the target's dtype (a bf16 draft beside a bf16 target): features and embeddings
+        # enter without a cast every step; only an fp32 draft's own training keeps it in fp32
+        self.draft = draft.to(self.device, target_dtype(target)).eval()
+        self.dtype = next(self.draft.parameters()).dtype
         self.hidden_layers = tuple(draft.config.feature_layers)
         self.top_k = min(top_k, draft.config.draft_vocab_size or draft.config.vocab_size)
         self.budget_cap = Budget(max_depth, max_nodes if top_k > 1 else max_depth)

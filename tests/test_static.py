@@ -124,3 +124,37 @@ def test_compiled_drafters_are_identical_after_one_warm_up(kind):
     with torch._dynamo.config.patch(error_on_recompile=True):
         assert tokens(target, prompts, make, compile=True) == ref
         assert tokens(target, prompts[1:], make, compile=True) == ref[1:]
+
+
+def graph_replays(model):
+    """A stand-in for a CUDA-graph compiled forward: every replay of a bucket writes its logits into the same
+    memory, as a graph's static output buffer does (kept on the model, as compiled_forward keeps its function)."""
+    buffers = model.__dict__.setdefault("_test_graph_buffers", {})
+
+    def replay(**kw):
+        out = model(**kw)
+        buf = buffers.setdefault(tuple(out.logits.shape), torch.empty_like(out.logits))
+        out.logits = buf.copy_(out.logits)
+        return out
+    return replay
+
+
+@pytest.mark.parametrize("owned", [True, False])
+def test_graph_outputs_kept_past_a_step_are_copies(target, monkeypatch, owned):
+    """With graph outputs (CUDA graphs), each step is marked and the logits the loop keeps are copies: a later
+    replay leaves them as they were. Without the copies (owned=False) the same two steps show the aliasing."""
+    import draftkit.verify.forward as fw
+
+    marks = []
+    monkeypatch.setattr(torch.compiler, "cudagraph_mark_step_begin", lambda: marks.append(1))
+    monkeypatch.setattr(fw, "compiled_forward", graph_replays)
+    ver = Verifier(target, 64, compile=True)
+    ver.graph_outputs = owned
+    ver.forward(torch.arange(6) % 64, DraftTree.empty())
+    ver.commit(6, [])
+    first, _ = ver.forward(torch.tensor([7]), DraftTree.chain([8, 9, 10]))
+    kept = first.clone()
+    ver.kv.drop_pending()
+    ver.forward(torch.tensor([11]), DraftTree.chain([12, 13, 14]))
+    assert torch.equal(first, kept) == owned
+    assert len(marks) == (2 if owned else 0)

@@ -45,8 +45,10 @@ def test_every_recipe_loads_against_its_script(path):
         assert "distributed_type" in cfg and "num_processes" in cfg
         return
     first = open(path).readline()
-    script = SCRIPTS[folder]
-    assert first.startswith(f"# {SINGLE} train/{script}.py --config {path}"), "the launch command comes first"
+    launch = re.match(rf"# {re.escape(SINGLE)} train/(\w+)\.py --config {re.escape(path)}", first)
+    assert launch, "the launch command comes first"
+    script = launch.group(1)
+    assert folder not in SCRIPTS or script == SCRIPTS[folder], "a recipe folder named after a script runs that script"
     cfg = parse_config(config_class(importlib.import_module(f"draftkit.train.{script}")), ["--config", path])
     data = load_recipe(path, type(cfg))
     assert "export_dir" not in data, "the final model must follow --output_dir"
@@ -298,9 +300,11 @@ def test_interrupted_and_corrupt_checkpoints(tiny, tmp_path):
 
 @pytest.mark.parametrize("mode", ["cpu", "gpu"])
 def test_zoo_build_commands_parse_and_finished_stages_are_skipped(tmp_path, mode):
+    tmp_path = tmp_path / "runs with spaces"  # every path is quoted
     done = tmp_path / "target" / "final"
     done.mkdir(parents=True)
     (done / "train_report.json").write_text("{}")
+    (done / "config.json").write_text('{"num_hidden_layers": 30}')  # EAGLE-3's layers come from the target's config
     env = {**os.environ, "DRY_RUN": "1", "OUT": str(tmp_path), "CORPUS": "python"}
     argv = ["bash", "recipes/zoo/build.sh"] + (["--gpu"] if mode == "gpu" else [])
     out = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, check=True).stdout
@@ -309,9 +313,14 @@ def test_zoo_build_commands_parse_and_finished_stages_are_skipped(tmp_path, mode
               and "ship.py" not in line]
     # prepare (the drafters' data), draft, eagle2, medusa1, medusa2, eagle3, peagle, dflash
     assert len(stages) == 8
-    assert any("recipes/eagle/peagle.yaml" in c and f"--init_from {tmp_path}/eagle3/final" in c for c in stages)
+    assert any("recipes/eagle/peagle.yaml" in c and shlex.split(c)[shlex.split(c).index("--init_from") + 1]
+               == f"{tmp_path}/eagle3/final" for c in stages)
     for command in stages:
         words = shlex.split(command)
+        if "recipes/eagle/eagle3_reference.yaml" in words and "train/eagle.py" in words:
+            assert words[words.index("--feature_layers") + 1:][:3] == ["2", "15", "27"]  # (2, L//2, L-3) of 30
+        if "train/prepare_data.py" in words:
+            assert words[words.index("--layers") + 1:][:4] == ["2", "15", "27", "-1"]
         script = Path(words[1]).stem
         cls = config_class(importlib.import_module("draftkit.train." + script))
         cfg = parse_config(cls, words[2:], ignore_unknown=script == "prepare_data")  # it reads a recipe's data keys

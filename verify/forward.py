@@ -29,11 +29,14 @@ capacity), and the write positions reach the layers as a device tensor.
 """
 from __future__ import annotations
 
+from contextlib import nullcontext
+
 import torch
 import torch.nn.functional as F
 
 from draftkit.verify.attention_layout import AttentionLayout
 from draftkit.verify.cache import KVBuffer
+from draftkit.verify.layer_tap import LayerTap
 from draftkit.verify.contract import DraftTree
 from draftkit.verify.step import SHARED, Piece, StepInputs
 from draftkit.verify.tree import MaskBuffer, positions, verify_block, verify_offsets
@@ -188,6 +191,8 @@ class Verifier:
         self.masks = MaskBuffer(model.dtype, model.device)
         self.static = static or compile
         self.compile = compile
+        # "reduce-overhead" compiles to CUDA graphs, whose outputs live in memory the next replay rewrites
+        self.graph_outputs = model.device.type == "cuda"
         self.rows = lanes > 1 and not self.static  # the rows layout (module docstring): capacity is per row
         self.kv = KVBuffer.for_model(model, lanes if self.rows else 1, capacity=capacity, static=self.static)
         self.row_of = {i: i for i in range(lanes)} if self.rows else {}  # lane -> its KV row (rows layout)
@@ -197,6 +202,7 @@ class Verifier:
         self.layout = None  # the model's AttentionLayout, read before the first hand-built mask
         self.peak_entries = 0
         self.peak_logits_bytes = 0
+        self.peak_hidden_bytes = 0  # the largest set of hidden states one forward returned (all layers, or a tap's)
 
     @property
     def cache_len(self) -> int:
@@ -209,7 +215,7 @@ class Verifier:
         self.released = 0
         self.owner.fill_(SHARED)
         self.kpos.copy_(torch.arange(self.kpos.numel(), device=self.kpos.device))
-        self.peak_entries = self.peak_logits_bytes = 0
+        self.peak_entries = self.peak_logits_bytes = self.peak_hidden_bytes = 0
 
     def _check_tree_attention(self) -> None:
         if self.layout is None:
@@ -306,10 +312,17 @@ class Verifier:
                 full = self.masks.write(self._past(step), step.block)
                 inputs["attention_mask"] = self._per_layer_type(full, step.pos)
                 inputs["position_ids"] = step.pos[None]
+        tap = LayerTap.of(self.model) if hidden_layers and forward is self.model else None
+        if tap is not None:  # eager: hooks keep the layers asked for; the model returns no hidden states
+            inputs["output_hidden_states"] = False
         try:
-            out = forward(cache=self.kv, use_cache=True, **inputs)
+            with tap.capture(hidden_layers) if tap is not None else nullcontext({}) as tapped:
+                out = forward(cache=self.kv, use_cache=True, **inputs)
         finally:
             self.kv.end_forward()
+        hidden = (lambda i: tapped[i % len(tap.modules)]) if tap is not None else (lambda i: out.hidden_states[i])
+        self.peak_hidden_bytes = max(self.peak_hidden_bytes, sum(
+            t.numel() * t.element_size() for t in (tapped.values() if tap is not None else out.hidden_states or ())))
         rows_run = (self.kv.window or (0, 1))[1]  # rows the forward ran over, each with `pending` new entries
         self.peak_entries = max(self.peak_entries, sum(self.kv.lengths) + self.kv.pending * rows_run)
         self.peak_logits_bytes = max(self.peak_logits_bytes, out.logits.numel() * out.logits.element_size())
@@ -317,8 +330,13 @@ class Verifier:
             rows = lambda t: t.reshape(-1, t.shape[-1])  # noqa: E731
         else:
             rows = lambda t: t[0, :step.q]  # noqa: E731
-        states = tuple(rows(out.hidden_states[i]) for i in hidden_layers) if hidden_layers else None
+        states = tuple(rows(hidden(i)) for i in hidden_layers) if hidden_layers else None
         logits = rows(out.logits)
+        if forward is not self.model and self.graph_outputs:
+            # CUDA-graph outputs live in the graph's own memory, rewritten by the next replay, while the loop keeps
+            # these rows past the step (the rows handed to drafter.update, the logits of the log-probabilities)
+            logits = logits.clone()
+            states = tuple(s.clone() for s in states) if states else states
         return (logits[-keep:] if self.static and not prefill else logits), states
 
     def _static_inputs(self, step: StepInputs, inputs: dict, prefill: bool):
@@ -338,7 +356,11 @@ class Verifier:
             return self.model
         compiled = compiled_forward(self.model)
 
+        graphs = self.graph_outputs
+
         def forward(**kw):  # a graph per bucket: more than dynamo keeps per function by default
+            if graphs:  # a new step: the previous replay's outputs may be overwritten from here on
+                torch.compiler.cudagraph_mark_step_begin()
             with torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT):
                 return compiled(**kw)
         return forward

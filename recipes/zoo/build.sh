@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # bash recipes/zoo/build.sh
 # Rebuilds the whole default model family (target, then every drafter trained on that target) and ships it
+# (EAGLE-3 and P-EAGLE fuse the target's layers 2, L//2 and L-3, read from its config once it exists)
 # into zoo/ with its manifest. Resumable: a stage whose final model exists (<OUT>/<stage>/final/
 # train_report.json, written last) is skipped, and a killed stage resumes from its last checkpoint when the
 # script is started again. Each stage logs to <OUT>/<stage>.log.
-#   OUT=runs            where the runs go (no spaces)
+#   OUT=runs            where the runs go (any path; every path is quoted)
 #   CORPUS=python       override every recipe's corpus (python: the stdlib + draftkit's dependencies)
 #   DRY_RUN=1           print the commands (and which stages are done) without running anything
 # On 2 CPU cores: about 45 min for the target, about 40 min for two lanes of drafters, 8 min for EAGLE-3, then
@@ -24,8 +25,9 @@ OUT=${OUT:-runs}
 TARGET=$OUT/target/final
 mkdir -p "$OUT"
 
-declare -A SCRIPT RECIPE FLAGS
-def() { SCRIPT[$1]=$2; RECIPE[$1]=$3; FLAGS[$1]="${*:4}"; }
+declare -A SCRIPT RECIPE
+declare -A FLAGS  # each stage's own flags, as one shell-quoted string (printf %q), so paths may hold spaces
+def() { SCRIPT[$1]=$2; RECIPE[$1]=$3; FLAGS[$1]=""; (( $# < 4 )) || FLAGS[$1]=$(printf '%q ' "${@:4}"); }
 def target  pretrain.py recipes/zoo/target.yaml
 def draft   draft.py    recipes/draft/distill.yaml  --target "$TARGET"
 def medusa1 medusa.py   recipes/medusa/medusa1.yaml --target "$TARGET"
@@ -36,7 +38,7 @@ def peagle  eagle.py    recipes/eagle/peagle.yaml             --target "$TARGET"
 def dflash  dflash.py   recipes/dflash/dflash.yaml            --target "$TARGET"
 
 # --gpu: larger batches and runs, bf16; the drafters' data path regenerates 16,384 rows (16 shards of 1,024)
-GPU_COMMON="--wandb false --mixed_precision bf16 --checkpoint_every 1000"
+GPU_COMMON=(--wandb false --mixed_precision bf16 --checkpoint_every 1000)
 GPU_DATA="--train_rows 16384 --shard_rows 1024 --batch_size 64 --eval_every 1000"
 declare -A GPU_FLAGS=(
   [target]="--batch_size 64 --max_steps 6000 --lr 0.002 --warmup_steps 300 --eval_every 2000"
@@ -49,33 +51,44 @@ declare -A GPU_FLAGS=(
   [dflash]="$GPU_DATA --max_steps 3000"
 )
 
-command_of() {  # the exact command of a stage (also what the manifest records)
-  local c="python train/${SCRIPT[$1]} --config ${RECIPE[$1]} --output_dir $OUT/$1 --cache_dir $OUT/cache"
-  [[ -z ${CORPUS:-} ]] || c+=" --corpus $CORPUS"
-  [[ -z ${FLAGS[$1]} ]] || c+=" ${FLAGS[$1]}"
-  [[ $GPU == 0 ]] || c+=" $GPU_COMMON ${GPU_FLAGS[$1]}"
-  echo "$c"
+eagle3_layers() {  # the hidden states EAGLE-3 fuses, from the target's config: vLLM's default (2, L//2, L-3)
+  [[ -f $TARGET/config.json ]] || return 0  # a dry run before the target exists: the recipes' own layers
+  python -c 'import json, sys; n = json.load(open(sys.argv[1]))["num_hidden_layers"]; print(2, n // 2, n - 3)' \
+    "$TARGET/config.json"
 }
-run() { echo "+ $*"; [[ -n ${DRY_RUN:-} ]] || "$@"; }
+
+command_of() {  # the exact command of a stage, into the array CMD (and, quoted, what the manifest records)
+  CMD=(python "train/${SCRIPT[$1]}" --config "${RECIPE[$1]}" --output_dir "$OUT/$1" --cache_dir "$OUT/cache")
+  [[ -z ${CORPUS:-} ]] || CMD+=(--corpus "$CORPUS")
+  eval "CMD+=(${FLAGS[$1]})"
+  local layers; layers=$(eagle3_layers)
+  if [[ -n $layers && ( $1 == eagle3 || $1 == peagle ) ]]; then read -ra l <<< "$layers"; CMD+=(--feature_layers "${l[@]}"); fi
+  # shellcheck disable=SC2206  # the GPU flags are plain words
+  [[ $GPU == 0 ]] || CMD+=("${GPU_COMMON[@]}" ${GPU_FLAGS[$1]})
+}
+quoted() { command_of "$1"; printf '%q ' "${CMD[@]}" | sed 's/ $//'; }
+run() { echo "+ $(printf '%q ' "$@" | sed 's/ $//')"; [[ -n ${DRY_RUN:-} ]] || "$@"; }
 stage() {
   if [[ -f $OUT/$1/final/train_report.json ]]; then echo "= $1: done ($OUT/$1/final)"; return 0; fi
-  echo "+ $(command_of "$1") > $OUT/$1.log"
+  echo "+ $(quoted "$1") > $(printf '%q' "$OUT/$1.log")"
   [[ -n ${DRY_RUN:-} ]] && return 0
-  # shellcheck disable=SC2046  # the command is split into words on purpose
-  $(command_of "$1") > "$OUT/$1.log" 2>&1 || { echo "stage $1 failed: see $OUT/$1.log" >&2; return 1; }
+  command_of "$1"
+  "${CMD[@]}" > "$OUT/$1.log" 2>&1 || { echo "stage $1 failed: see $OUT/$1.log" >&2; return 1; }
 }
 
 stage target
 # the target's own text and its hidden states (every layer any drafter reads), once for every drafter
 prepare() {
-  local c="python train/prepare_data.py --config recipes/eagle/eagle3_reference.yaml --target $TARGET --cache_dir $OUT/cache"
-  c+=" --output_dir $OUT/prepare --layers 2 12 21 -1"
-  [[ -z ${CORPUS:-} ]] || c+=" --corpus $CORPUS"
-  [[ $GPU == 0 ]] || c+=" $GPU_DATA"
-  echo "+ $c > $OUT/prepare.log"
+  local layers; layers=$(eagle3_layers)
+  read -ra l <<< "${layers:-2 12 21}"
+  CMD=(python train/prepare_data.py --config recipes/eagle/eagle3_reference.yaml --target "$TARGET"
+       --cache_dir "$OUT/cache" --output_dir "$OUT/prepare" --layers "${l[@]}" -1)
+  [[ -z ${CORPUS:-} ]] || CMD+=(--corpus "$CORPUS")
+  # shellcheck disable=SC2206
+  [[ $GPU == 0 ]] || CMD+=($GPU_DATA)
+  echo "+ $(printf '%q ' "${CMD[@]}" | sed 's/ $//') > $(printf '%q' "$OUT/prepare.log")"
   [[ -n ${DRY_RUN:-} ]] && return 0
-  # shellcheck disable=SC2086
-  $c > "$OUT/prepare.log" 2>&1 || { echo "stage prepare failed: see $OUT/prepare.log" >&2; return 1; }
+  "${CMD[@]}" > "$OUT/prepare.log" 2>&1 || { echo "stage prepare failed: see $OUT/prepare.log" >&2; return 1; }
 }
 prepare
 if [[ $GPU == 1 ]]; then  # one GPU: one stage at a time
@@ -100,9 +113,9 @@ else
   unset OMP_NUM_THREADS
 fi
 
-ship() { run python train/ship.py --name "$1" --source "$OUT/$2/final" --recipe "${RECIPE[$2]}" --command "$(command_of "$2")"; }
+ship() { run python train/ship.py --name "$1" --source "$OUT/$2/final" --recipe "${RECIPE[$2]}" --command "$(quoted "$2")"; }
 run python train/ship.py --name tokenizer --source zoo/tokenizer --recipe recipes/zoo/target.yaml \
-    --command "$(command_of target) (trained first when tokenizer_dir holds none)"
+    --command "$(quoted target) (trained first when tokenizer_dir holds none)"
 ship target target
 ship draft draft
 ship medusa medusa1
