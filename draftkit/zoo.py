@@ -12,7 +12,19 @@ import json
 import os
 from pathlib import Path
 
-ZOO = Path(os.environ.get("DRAFTKIT_ZOO", Path(__file__).resolve().parent.parent / "zoo"))
+
+
+def default_zoo() -> Path:
+    """$DRAFTKIT_ZOO; else a checkout's zoo/ (beside draftkit/); else the copy an installed wheel carries inside the
+    package (draftkit/_zoo, pyproject's package-data), so a non-editable install finds it from any folder."""
+    if os.environ.get("DRAFTKIT_ZOO"):
+        return Path(os.environ["DRAFTKIT_ZOO"])
+    here = Path(__file__).resolve().parent
+    checkout = here.parent / "zoo"
+    return checkout if (checkout / "manifest.json").is_file() else here / "_zoo"
+
+
+ZOO = default_zoo()
 
 
 class ZooError(RuntimeError):

@@ -119,9 +119,12 @@ def test_cached_features_equal_a_fresh_forward_and_resume_mid_cache(tiny, monkey
     assert set(b.hidden) == {1, 3}
     for layer in (1, 3):  # fp16 storage: equal within fp16 rounding
         torch.testing.assert_close(b.hidden[layer], fresh[layer], atol=2e-3, rtol=2e-3)
+    with torch.no_grad():  # p's stored top-1: the argmax of the LM head over the final hidden state
+        agree = (b.top == model.get_output_embeddings()(fresh[3]).argmax(-1)).float().mean()
+    assert agree > 0.98
     assert b.last is b.hidden[3]
     feats = [d for d in os.listdir(root / "cache2") if d.startswith("feats-")]
-    assert len(feats) == 1 and sorted(os.listdir(root / "cache2" / feats[0])) == ["L1", "L3"]
+    assert len(feats) == 1 and sorted(os.listdir(root / "cache2" / feats[0])) == ["L1", "L3", "top"]
 
 
 def test_epochs_visit_every_row_once_in_a_seeded_order(tiny):

@@ -149,8 +149,10 @@ def parse_config(cls, argv=None, description: str = "", prog: str | None = None,
     parser.add_argument("--config", help="YAML recipe under recipes/ (its keys are the flags below; flags win)")
     pre, _ = _config_flag.parse_known_args(argv)
     if pre.config:
+        from draftkit.resources import recipe_path
+
         try:
-            parser.set_defaults(**load_recipe(pre.config, cls, ignore_unknown))
+            parser.set_defaults(**load_recipe(recipe_path(pre.config), cls, ignore_unknown))
         except FileNotFoundError:
             parser.error(f"--config {pre.config}: no such file")
         except (OSError, ValueError, yaml.YAMLError) as err:

@@ -137,22 +137,42 @@ class EagleLoss(nn.Module):
         self.ttt_steps, self.decay = cfg.ttt_steps, cfg.ttt_decay
         self.fw, self.tw, self.noise = cfg.feature_loss_weight, cfg.token_loss_weight, cfg.feature_noise
 
-    def forward(self, ids, feats, last, mask=None, noise: bool = True) -> dict:
+    def targets(self, last, mask, top, vocab_ids):
+        """(p (B, n, V') over the draft vocabulary, p's top-1 (B, n), keep (B, n) float) at positions 1..T-1.
+        p is computed at the trained positions only (an untrained one's p is never read), over the draft
+        vocabulary only when the top-1 is known (top: stored with the features); else over the whole vocabulary
+        for its argmax (the largest matmul of a step against a real model's vocabulary)."""
+        head = self._frozen[1]
+        b, n = last.shape[0], last.shape[1] - 1
+        keep = torch.ones(b, n, device=last.device) if mask is None else mask[:, 1:].float()
+        sel = keep.bool()
+        h = last[:, 1:][sel].to(head.weight.dtype)  # (k, H)
+        if top is not None and vocab_ids is not None:
+            tgt_top = top[:, 1:]
+            logits = F.linear(h, head.weight[vocab_ids], head.bias[vocab_ids] if head.bias is not None else None)
+        else:
+            logits = head(h)
+            tgt_top = torch.zeros(b, n, dtype=torch.long, device=last.device)
+            tgt_top[sel] = logits.argmax(-1)
+            if vocab_ids is not None:
+                logits = logits[:, vocab_ids]
+        if vocab_ids is not None:  # p restricted to the draft vocabulary, where its top-1 lies in it
+            keep = keep * self.draft.t2d[tgt_top].float()
+        tgt_p = logits.new_zeros(b, n, logits.shape[-1])
+        tgt_p[sel] = logits.float().softmax(-1)
+        return tgt_p, tgt_top, keep
+
+    def forward(self, ids, feats, last, mask=None, noise: bool = True, top=None) -> dict:
         """ids (B, T); feats (B, T, F) the draft's input features; last (B, T, H) the target's final hidden state;
-        mask (B, T) bool: position s's distribution is trained on (None: all)."""
+        mask (B, T) bool: position s's distribution is trained on (None: all); top (B, T) long: p's top-1 at every
+        position, when stored (None: computed here)."""
         embed, head = self._frozen
         b, t = ids.shape
         n = t - 1
         vocab_ids = self.draft.vocab_ids() if hasattr(self.draft, "vocab_ids") else None  # reduced draft vocabulary
         with torch.no_grad():
             emb = embed(ids).float()
-            tgt_logits = head(last[:, 1:].to(head.weight.dtype)).float()  # p at positions 1..T-1
-            tgt_top = tgt_logits.argmax(-1)
-            keep = torch.ones_like(tgt_top, dtype=torch.float) if mask is None else mask[:, 1:].float()
-            if vocab_ids is not None:  # p restricted to the draft vocabulary, where its top-1 lies in it
-                keep = keep * self.draft.t2d[tgt_top].float()
-                tgt_logits = tgt_logits[..., vocab_ids]
-            tgt_p = tgt_logits.softmax(-1)
+            tgt_p, tgt_top, keep = self.targets(last, mask, top, vocab_ids)
         x = feats[:, :-1]
         if noise and self.noise > 0:
             x = x + (torch.rand_like(x) - 0.5) * self.noise
@@ -225,7 +245,8 @@ def objective_on(loss_fn, batch, num_layers: int, noise: bool = True) -> dict:
     if isinstance(loss_fn, PEagleLoss):
         return loss_fn(batch.ids, batch.loss_mask, batch.hidden, batch.last)
     layers = loss_fn.draft.config.feature_layers
-    return loss_fn(batch.ids, draft_inputs(batch, layers, num_layers), batch.last, batch.loss_mask, noise=noise)
+    return loss_fn(batch.ids, draft_inputs(batch, layers, num_layers), batch.last, batch.loss_mask, noise=noise,
+                   top=batch.top)
 
 
 @torch.no_grad()
@@ -275,7 +296,8 @@ def main(argv=None):
             if n == 0:
                 n = max(1, vocab // 4) if len(cfg.feature_layers) > 1 else vocab
             if 0 < n < vocab:  # the most frequent tokens of what the draft trains on
-                draft_ids = frequent_tokens(data.rows.flatten(), vocab, n)
+                # counted over the tokens the draft must predict (the target's answers), not prompts or padding
+                draft_ids = frequent_tokens(data.rows[:, 1:][data.mask[:, :-1]], vocab, n)
         if cfg.init_from:
             draft = initial_draft(cfg, target)
             if cfg.parallel_depths and not hasattr(draft, "mask_hidden"):  # P-EAGLE warm-started from EAGLE-3

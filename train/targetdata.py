@@ -81,6 +81,7 @@ class TargetBatch:
     loss_mask: torch.Tensor  # (B, T) bool: token t + 1 is trained on
     hidden: dict  # layer -> (B, T, H) float
     last: torch.Tensor  # (B, T, H) float: the target's final hidden state, logits = lm_head(last)
+    top: torch.Tensor | None = None  # (B, T) long argmax of lm_head(last), stored with cached features (else None)
 
 
 def digest(*parts) -> str:
@@ -296,6 +297,7 @@ class TargetData:
         self.acc, self.seed = acc, seed
         self.last_layer = layers[-1]
         self.features = None
+        self.top = None  # (N, T) int32 top-1 of p, with cached features
         if cfg.data_mode == "cached":  # stored under feature_dir, or (no cache_dir) kept in memory only
             self.features = self._load_features(feature_dir) if feature_dir else self._compute_features()
 
@@ -322,7 +324,28 @@ class TargetData:
                 outs = target_outputs(self.target, self.rows[s * size:(s + 1) * size].long(), missing)
                 for layer in missing:
                     _save(outs[layer].half().cpu(), path(layer, s))
-        return {layer: torch.cat([torch.load(path(layer, s)) for s in range(shards)]) for layer in self.layers}
+        feats = {layer: torch.cat([torch.load(path(layer, s)) for s in range(shards)]) for layer in self.layers}
+        self.top = self._load_top(folder, shards, feats[self.last_layer])
+        return feats
+
+    def _load_top(self, folder: str, shards: int, last: torch.Tensor) -> torch.Tensor:
+        """(N, T) int32: the target's top-1 token at every position (argmax of lm_head over the stored final hidden
+        state), stored per shard beside the features. A recipe with a reduced draft vocabulary needs it at every
+        step to know whether p's top-1 lies in that vocabulary; over the full vocabulary of a real model (49k
+        tokens) it costs more than the rest of a draft's training step."""
+        os.makedirs(os.path.join(folder, "top"), exist_ok=True)
+        size, head = self.cfg.shard_rows, self.target.get_output_embeddings()
+        parts = []
+        for s in range(shards):
+            file = os.path.join(folder, "top", f"{s:05d}.pt")
+            if not os.path.exists(file):
+                with torch.no_grad():
+                    rows = last[s * size:(s + 1) * size]
+                    top = torch.cat([head(r.to(self.acc.device, head.weight.dtype)).argmax(-1).cpu()
+                                     for r in rows.split(8)]).to(torch.int32)
+                _save(top, file)
+            parts.append(torch.load(file))
+        return torch.cat(parts)
 
     def _compute_features(self) -> dict[int, torch.Tensor]:
         outs = target_outputs(self.target, self.rows.long(), self.layers)
@@ -353,7 +376,8 @@ class TargetData:
             hidden = target_outputs(self.target, ids, self.layers)
         else:
             hidden = {layer: f[idx].to(self.acc.device).float() for layer, f in self.features.items()}
-        return TargetBatch(ids, mask, hidden, hidden[self.last_layer])
+        top = self.top[idx].long().to(self.acc.device) if self.top is not None else None
+        return TargetBatch(ids, mask, hidden, hidden[self.last_layer], top)
 
     def heldout_tokens(self, blocks: int):
         """(ids, loss_mask) batches of held-out rows: corpus blocks (every position trained on), or conversations."""
