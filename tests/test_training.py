@@ -332,9 +332,9 @@ def test_zoo_build_commands_parse_and_finished_stages_are_skipped(tmp_path, mode
 
 
 def readme_training_commands(readme: Path) -> list[str]:
-    """The training commands of the README's "Training the drafters" code block."""
+    """The training commands of the "Training the drafters" code block (docs/training.md)."""
     text = readme.read_text()
-    block = re.search(r"## Training the drafters.*?```bash\n(.*?)```", text, re.S).group(1)
+    block = re.search(r"# Training the drafters.*?```bash\n(.*?)```", text, re.S).group(1)
     lines = [line.split("#")[0].strip() for line in block.splitlines()]
     return [line for line in lines if line.startswith(("accelerate launch", "python train/"))]
 
@@ -368,7 +368,7 @@ def test_readme_training_commands_run_in_a_fresh_clone(tmp_path):
     clone = fresh_clone(tmp_path / "clone")
     git_status = ["git", "status", "--porcelain", "--ignored"]
     clean = subprocess.run(git_status, cwd=clone, capture_output=True, text=True, check=True).stdout
-    commands = readme_training_commands(clone / "README.md")
+    commands = readme_training_commands(clone / "docs" / "training.md")
     assert len(commands) >= 6, commands
     out = tmp_path / "out"
     env = {**os.environ, "WANDB_MODE": "offline", "PYTHONDONTWRITEBYTECODE": "1",
@@ -403,3 +403,60 @@ def test_own_text_top1_is_the_one_node_drafts_the_target_kept():
     assert right["own_text_top1"] == 1.0 and right["tau"] > 2
     wrong = measure_tau(target, WrongDrafter(target), stream, prompts=2, new_tokens=12, prompt_len=8)
     assert wrong["own_text_top1"] == 0.0 and wrong["tau"] == 1.0
+
+
+def launch_two(argv: list[str], tmp_path: Path) -> subprocess.CompletedProcess:
+    """train/eagle.py in two CPU processes (gloo) through the README's launcher and recipes/accelerate/cpu_ddp.yaml."""
+    cmd = [sys.executable, "train/launch.py", "--config_file", "recipes/accelerate/cpu_ddp.yaml", "train/eagle.py",
+           *argv]
+    env = {**os.environ, "WANDB_MODE": "offline", "OMP_NUM_THREADS": "1"}
+    out = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-4000:]
+    return out
+
+
+@pytest.mark.slow
+def test_two_processes_read_disjoint_rows_match_one_process_and_resume(tiny, tmp_path):
+    """Two ranks of batch 4 train what one process of batch 8 does (ranks read disjoint halves of each global
+    batch; the logged loss is the global batch's); a two-rank run stopped at step 2 resumes with both ranks to the
+    same losses; only the main process writes the final model and logs to W&B."""
+    # no feature noise: each rank draws its own, which the comparison with one process would read as a difference
+    steps = ["--max_steps", "4", "--checkpoint_every", "2", "--lr", "0.003", "--feature_noise", "0"]
+    one = run_recipe("eagle", recipe_argv("eagle", tiny, tmp_path / "one", *steps, "--batch_size", "8"))
+    two_dir = tmp_path / "two"
+    argv = recipe_argv("eagle", tiny, two_dir, *steps, "--batch_size", "4", "--wandb", "true")
+    launch_two(argv + ["--stop_at_step", "2"], tmp_path)
+    assert not (two_dir / "final").exists()
+    launch_two(argv, tmp_path)
+    report = json.loads((two_dir / "final" / "train_report.json").read_text())
+    assert report["resumed_from"] == 2
+    assert report["first_train"]["loss"] == pytest.approx(one["history"][2]["loss"], rel=2e-3)  # step 3: resumed
+    assert report["last_train"]["loss"] == pytest.approx(one["history"][-1]["loss"], rel=2e-3)
+    assert report["tokens_seen"] == one["tokens_seen"]
+    run_id = (two_dir / "wandb_run_id").read_text().strip()
+    runs = sorted(glob.glob(str(two_dir / "wandb" / "offline-run-*")))
+    # the two launches (stopped, resumed) log to one W&B run, and only the main process logs: one folder each
+    assert len(runs) == 2 and all(re.search(rf"-{run_id}(-\d+)?$", r) for r in runs), (run_id, runs)
+
+
+def test_ranks_read_disjoint_rows_of_each_global_batch(tiny):
+    """TargetData's row order: rank r of N reads the r-th slice of the batch one process of N x B reads."""
+    from accelerate import Accelerator
+
+    from draftkit.train.targetdata import TargetData
+
+    class Rank:
+        def __init__(self, index, count):
+            self.process_index, self.num_processes = index, count
+
+    def order(index, count, batch, rows):
+        data = TargetData.__new__(TargetData)
+        data.cfg = type("C", (), {"batch_size": batch})()
+        data.rows, data.seed, data.acc = torch.zeros(rows, 4), 0, Rank(index, count)
+        return [data.indices(s).tolist() for s in range(6)]
+    for rows in (37, 48):  # an epoch that ends inside a global batch, and one that does not
+        whole = order(0, 1, 8, rows)
+        halves = [order(r, 2, 4, rows) for r in range(2)]
+        assert [a + b for a, b in zip(*halves)] == whole
+    assert all(not set(a) & set(b) for a, b in zip(*halves))  # 48 rows: within an epoch no row is read twice
+    assert Accelerator  # imported: the class the real ranks come from

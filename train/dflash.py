@@ -120,7 +120,7 @@ def main(argv=None):
         n_params = sum(p.numel() for p in draft.parameters())
         acc.print(f"DFlash draft: {n_params:,} parameters, {cfg.draft_layers} layer(s), block {cfg.block_size}, "
                   f"context from hidden states {draft.config.target_layers}, mask token {mask}")
-        data = target_data(cfg, target, tokenizer, acc, draft.config.target_layers, seed=loop.data_seed)
+        data = target_data(cfg, target, tokenizer, acc, draft.config.target_layers, seed=cfg.seed)
         loop.tokens_per_row = data.tokens_per_epoch / data.rows.shape[0]
         heldout_text = data.heldout_stream if data.heldout_stream is not None else data.heldout_rows[0].flatten()
         (loss_fn,) = loop.prepare(DFlashLoss(draft, target, cfg.anchors, cfg.gamma))

@@ -101,7 +101,7 @@ def main(argv=None):
         tokenizer = AutoTokenizer.from_pretrained(target_path)
         target = AutoModelForCausalLM.from_pretrained(target_path, dtype=torch.float32).eval().requires_grad_(False)
         target = target.to(loop.acc.device)
-        data = target_data(cfg, target, tokenizer, loop.acc, seed=loop.data_seed)  # the last hidden state: p
+        data = target_data(cfg, target, tokenizer, loop.acc, seed=cfg.seed)  # the last hidden state: p
         loop.tokens_per_row = data.tokens_per_epoch / data.rows.shape[0]
         head = target.get_output_embeddings()
         draft = build_draft(cfg, target)

@@ -242,9 +242,10 @@ def draft_inputs(batch, layers: list[int], num_layers: int) -> torch.Tensor:
 
 def objective_on(loss_fn, batch, num_layers: int, noise: bool = True) -> dict:
     """The loss terms of one batch: EAGLE's (its input features concatenated) or P-EAGLE's (the layer dict)."""
-    if isinstance(loss_fn, PEagleLoss):
+    inner = getattr(loss_fn, "module", loss_fn)  # under DDP the prepared module wraps the objective
+    if isinstance(inner, PEagleLoss):
         return loss_fn(batch.ids, batch.loss_mask, batch.hidden, batch.last)
-    layers = loss_fn.draft.config.feature_layers
+    layers = inner.draft.config.feature_layers
     return loss_fn(batch.ids, draft_inputs(batch, layers, num_layers), batch.last, batch.loss_mask, noise=noise,
                    top=batch.top)
 
@@ -285,9 +286,8 @@ def main(argv=None):
         if vocab < len(tokenizer):
             raise TrainError(f"tokenizer of {cfg.target} has {len(tokenizer)} tokens "
                              f"but the model only {vocab} outputs")
-        torch.manual_seed(cfg.seed)
         feature_layers = list(cfg.feature_layers) or [-1]
-        data = target_data(cfg, target, tokenizer, acc, feature_layers, seed=loop.data_seed)
+        data = target_data(cfg, target, tokenizer, acc, feature_layers, seed=cfg.seed)
         loop.tokens_per_row = data.tokens_per_epoch / data.rows.shape[0]
         heldout_text = data.heldout_stream if data.heldout_stream is not None else data.heldout_rows[0].flatten()
         draft_ids = None
@@ -298,6 +298,7 @@ def main(argv=None):
             if 0 < n < vocab:  # the most frequent tokens of what the draft trains on
                 # counted over the tokens the draft must predict (the target's answers), not prompts or padding
                 draft_ids = frequent_tokens(data.rows[:, 1:][data.mask[:, :-1]], vocab, n)
+        torch.manual_seed(cfg.seed)  # after the data: the draft's initial weights do not depend on how it was built
         if cfg.init_from:
             draft = initial_draft(cfg, target)
             if cfg.parallel_depths and not hasattr(draft, "mask_hidden"):  # P-EAGLE warm-started from EAGLE-3

@@ -102,6 +102,9 @@ class Loop:
         self.cfg, self.project = cfg, cfg.wandb_project or project
         os.makedirs(cfg.output_dir, exist_ok=True)
         self.acc = Accelerator(
+            # without a GPU, cpu=True is what makes accelerate join the processes torchrun started (gloo, MULTI_CPU)
+            # instead of each running alone
+            cpu=not torch.cuda.is_available(),
             mixed_precision=_mixed_precision(cfg.mixed_precision),
             gradient_accumulation_steps=cfg.gradient_accumulation_steps,
             log_with=["wandb"] if cfg.wandb else None,
@@ -109,6 +112,8 @@ class Loop:
         set_seed(cfg.seed)
         self.final_dir = cfg.export_dir or os.path.join(cfg.output_dir, "final")
         self.checkpoints = Path(cfg.output_dir) / "checkpoints"
+        # a rank's own seed, for recipes that sample windows at random (pretrain); recipes on TargetData share cfg.seed
+        # and read disjoint slices of each global batch (train/targetdata.py)
         self.data_seed = cfg.seed + self.acc.process_index
         self.start_step = 0
         self.models: tuple = ()
@@ -220,6 +225,10 @@ class Loop:
                     self.opt.zero_grad(set_to_none=True)
                 for name, v in {"loss": loss, **metrics}.items():
                     sums[name] = sums.get(name, 0.0) + float(v.detach() if torch.is_tensor(v) else v) / accum
+            if acc.num_processes > 1:  # the global batch's figures: every rank's mean, averaged (one all-reduce)
+                names = sorted(sums)
+                means = acc.reduce(torch.tensor([sums[k] for k in names], device=acc.device), "mean").tolist()
+                sums = dict(zip(names, means))
             metrics = {**sums, "lr": self.sched.get_last_lr()[0]}
             history.append(metrics)
             logged = {f"train/{k}": v for k, v in metrics.items()}
@@ -291,6 +300,10 @@ class Loop:
         self.acc.end_training()
         if "wandb" in sys.modules:
             sys.modules["wandb"].teardown()
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            # every rank leaves together: a process that exits with its group alive aborts (gloo's threads)
+            torch.distributed.barrier()
+            torch.distributed.destroy_process_group()
 
 
 def save_hf(model, tokenizer, out_dir: str, dtype=torch.float16) -> None:

@@ -267,7 +267,7 @@ def main(argv=None):
         if len(tokenizer) > vocab:
             raise TrainError(f"tokenizer has {len(tokenizer)} tokens but target {cfg.target} only {vocab} outputs")
         target.requires_grad_(False).eval()
-        data = target_data(cfg, target, tokenizer, acc, seed=loop.data_seed)  # the final hidden state
+        data = target_data(cfg, target, tokenizer, acc, seed=cfg.seed)  # the final hidden state
         loop.tokens_per_row = data.tokens_per_epoch / data.rows.shape[0]
         heads = make_heads(cfg, target)
         if medusa2:

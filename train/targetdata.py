@@ -352,9 +352,11 @@ class TargetData:
         return {layer: h.half().cpu() for layer, h in outs.items()}
 
     def indices(self, step: int) -> torch.Tensor:
-        """(B,) row indices of micro-batch `step`: epoch e visits every row once in a permutation seeded by e."""
+        """(B,) row indices of this rank's part of micro-batch `step`: epoch e visits every row once in a permutation
+        seeded by e (the same on every rank); the global micro-batch is B x ranks consecutive rows of it and rank r
+        reads the r-th B of them, so ranks read disjoint rows and N ranks of B see what one process of N x B does."""
         b, n = self.cfg.batch_size, self.rows.shape[0]
-        first = step * b
+        first = (step * self.acc.num_processes + self.acc.process_index) * b
         epoch, offset = divmod(first, n)
         out = []
         while len(out) < b:
