@@ -44,7 +44,7 @@ def parse(argv=None) -> argparse.Namespace:
     for name in DRAFTERS:
         p.add_argument(f"--{name}", default=None, metavar="DIR",
                        help=f"the {name} draft to load (default: the shipped one)")
-    p.add_argument("--out", default="eval/results/depth", help="folder for depth.json and depth.png "
+    p.add_argument("--out", default="docs/results/depth", help="folder for depth.json and depth.png "
                                                                "(default: %(default)s)")
     args = p.parse_args(argv)
     try:

@@ -1,6 +1,6 @@
 """Scaling curves of trained drafters: held-out top-1 agreement and tau against the tokens each has trained on.
 
-    python eval/plot_scaling.py runs/zoo3/eagle2 runs/zoo3/eagle3 --out eval/results/scaling.png
+    python eval/plot_scaling.py runs/zoo3/eagle2 runs/zoo3/eagle3 --out docs/results/scaling.png
 
 Each argument is a training run's output folder (its heldout_history.jsonl, written at every held-out
 evaluation) or a shipped drafter folder (the `scaling` list of its train_report.json). `--offset NAME=TOKENS`
@@ -62,7 +62,7 @@ def curves(runs: list[str], offsets: dict[str, int]) -> dict[str, tuple[list, li
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("runs", nargs="+", help="run output folders or shipped drafter folders")
-    parser.add_argument("--out", default="eval/results/scaling.png", help="the PNG to write (default: %(default)s)")
+    parser.add_argument("--out", default="docs/results/scaling.png", help="the PNG to write (default: %(default)s)")
     parser.add_argument("--offset", action="append", default=[],
                         help="NAME=TOKENS: tokens the run's starting draft had already seen, NAME the run folder's "
                              "last two parts (zoo5/eagle3; repeatable)")
