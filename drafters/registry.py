@@ -104,13 +104,30 @@ class Entry:
     composite: bool = False  # made of other drafters: its path is a {zoo folder: path} mapping for them
 
 
+def shipped_name(target, kind: str, hint: str = "") -> str:
+    """The zoo entry a drafter of `kind` loads when no path is given: `<real target>/<kind>` for a named real target
+    (smollm2-135m: drafts trained for it), else the shipped family's `kind`. A real target without such a draft is
+    a one-line error saying how to make one."""
+    from draftkit.gguf import real_name
+    from draftkit.zoo import ZooError, available
+
+    family = real_name(target)
+    if family is None:
+        return kind
+    name = f"{family}/{kind}"
+    if name not in available():
+        raise ZooError(f"no {kind} draft is shipped for {family}: {hint or 'train one with the recipes under recipes/'}"
+                       f", then pass its folder (make_drafter(..., path=DIR) or compare.py --{kind} DIR)")
+    return name
+
+
 def _standalone(target, path, tokenizer, s: StandaloneSettings):
     from transformers import AutoTokenizer
 
     from draftkit.models import load_model, resolve
     from draftkit.drafters.standalone import StandaloneDrafter, check_same_vocabulary
 
-    draft_path = resolve(path, "draft")
+    draft_path = resolve(path, "draft" if path else shipped_name(target, "draft"))
     draft = load_model(draft_path, dtype=target.dtype).to(target.device)
     draft_tok = AutoTokenizer.from_pretrained(draft_path) if tokenizer is not None else None
     check_same_vocabulary(target, draft, tokenizer, draft_tok, target_name="target",
@@ -123,7 +140,8 @@ def _eagle_from(default: str):
         from draftkit.models import resolve
         from draftkit.drafters.eagle import EagleDrafter
 
-        return EagleDrafter.from_pretrained(resolve(path, default), target, **dataclasses.asdict(s))
+        return EagleDrafter.from_pretrained(resolve(path, default if path else shipped_name(target, default)), target,
+                                            **dataclasses.asdict(s))
     return build_eagle
 
 
@@ -138,11 +156,13 @@ def tree_drafter_class(draft) -> type:
         else EagleDrafter
 
 
-def _shipped_or_given(path, default: str, hint: str) -> str:
+def _shipped_or_given(target, path, default: str, hint: str) -> str:
     """The given folder, or the zoo's; a one-line error saying how to train it when the zoo has none."""
     from draftkit.models import resolve
     from draftkit.zoo import ZooError, available
 
+    if path in (None, "", "default"):
+        default = shipped_name(target, default, hint)
     if path in (None, "", "default") and default not in available():
         raise ZooError(f"no {default} draft is shipped yet: {hint}, then pass its folder (make_drafter(..., "
                        f"path=DIR) or compare.py --{default} DIR)")
@@ -152,14 +172,14 @@ def _shipped_or_given(path, default: str, hint: str) -> str:
 def _peagle(target, path, tokenizer, s: ParallelSettings):
     from draftkit.drafters.peagle import PEagleDrafter
 
-    return PEagleDrafter.from_pretrained(_shipped_or_given(path, "peagle", REGISTRY["peagle"].train_hint), target,
+    return PEagleDrafter.from_pretrained(_shipped_or_given(target, path, "peagle", REGISTRY["peagle"].train_hint), target,
                                          **dataclasses.asdict(s))
 
 
 def _dflash(target, path, tokenizer, s: ParallelSettings):
     from draftkit.drafters.dflash import DFlashDrafter
 
-    return DFlashDrafter.from_pretrained(_shipped_or_given(path, "dflash", REGISTRY["dflash"].train_hint), target,
+    return DFlashDrafter.from_pretrained(_shipped_or_given(target, path, "dflash", REGISTRY["dflash"].train_hint), target,
                                          **dataclasses.asdict(s))
 
 
@@ -167,7 +187,8 @@ def _medusa(target, path, tokenizer, s: MedusaSettings):
     from draftkit.models import resolve
     from draftkit.drafters.medusa import MedusaDrafter
 
-    drafter = MedusaDrafter.from_pretrained(resolve(path, "medusa"), target, tree_size=s.max_nodes)
+    drafter = MedusaDrafter.from_pretrained(resolve(path, "medusa" if path else shipped_name(target, "medusa")), target,
+                                            tree_size=s.max_nodes)
     drafter.budget_cap.max_depth = min(drafter.budget_cap.max_depth, s.max_depth)
     return drafter
 

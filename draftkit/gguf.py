@@ -103,6 +103,17 @@ def _convert(path: Path, out: Path, digest: str) -> None:
     (out / "SOURCE").write_text(f"converted from {path} (sha256 {digest})\n")
 
 
+def real_name(model) -> str | None:
+    """The named real target a loaded model (or a folder) was converted from, or None: its folder is the cached
+    conversion of that target's GGUF file (`<file stem>-<hash>`)."""
+    folder = model if isinstance(model, (str, os.PathLike)) else getattr(model.config, "_name_or_path", "") or ""
+    stem = Path(str(folder)).name
+    for name, (_, _, filename) in REAL_TARGETS.items():
+        if stem.startswith(Path(filename).stem + "-"):
+            return name
+    return None
+
+
 def resolve_real(name: str) -> str | None:
     """A folder for a named real target or a .gguf path (converted once), or None for anything else."""
     if name in REAL_TARGETS:

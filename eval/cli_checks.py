@@ -114,8 +114,9 @@ def prompt_line(line: str, where: str) -> PromptText:
         if not isinstance(turns, list) or not turns:
             raise UsageError(f'{where}: "turns" must be a non-empty list of strings, got {_kind(turns)}')
         text, key = turns[0], '"turns"[0]'
-        if not all(isinstance(t, str) and t for t in turns):
-            raise UsageError(f'{where}: every entry of "turns" must be a non-empty string')
+        later = next((i for i, t in enumerate(turns[1:], 1) if not isinstance(t, str) or not t), None)
+        if later is not None:  # a later turn is asked after the target's answer: it must be text too
+            raise UsageError(f'{where}: "turns"[{later}] must be a non-empty string, got {_kind(turns[later])}')
     else:
         keys = ", ".join(map(repr, row)) or "none"
         raise UsageError(f'{where}: no "prompt" key (nor Spec-Bench "turns"); its keys: {keys}')
