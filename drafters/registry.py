@@ -199,11 +199,33 @@ def _lookahead(target, path, tokenizer, s: LookaheadSettings):
     return LookaheadDrafter(**dataclasses.asdict(s))
 
 
+def available_members(target, names: list[str], paths: dict) -> list[str]:
+    """A hybrid's members on a named real target: a member whose draft is not shipped for it (and not given) is
+    replaced by its EAGLE-3 sibling when that is shipped (eagle -> eagle3), else left out; lookahead makes up two."""
+    from draftkit.gguf import real_name
+    from draftkit.zoo import available
+
+    family = real_name(target)
+    if family is None:
+        return names
+    shipped = {k.split("/", 1)[1] for k in available() if k.startswith(family + "/")}
+    out = []
+    for n in names:
+        model = REGISTRY[n].default_model
+        if model is None or model in shipped or paths.get(model):
+            out.append(n)
+        elif n in ("eagle", "eagle-chain") and "eagle3" in shipped:
+            out.append("eagle3")
+    out = list(dict.fromkeys(out))
+    return out if len(out) > 1 else list(dict.fromkeys(out + ["suffix", "lookahead"]))[:2]
+
+
 def _hybrid(target, paths, tokenizer, s: HybridSettings):
     from draftkit.drafters.hybrid import HybridDrafter
 
     paths = paths or {}
-    members = [(n, build(n, target, paths.get(REGISTRY[n].default_model), tokenizer)) for n in member_names(s.members)]
+    names = available_members(target, member_names(s.members), paths)
+    members = [(n, build(n, target, paths.get(REGISTRY[n].default_model), tokenizer)) for n in names]
     return HybridDrafter(members, s.max_depth, s.max_nodes, s.min_chance, s.probe_every)
 
 

@@ -182,7 +182,7 @@ MODEL_FLAGS = {"--draft": ("standalone",), "--medusa": ("medusa",), "--eagle": (
 def _unshipped(args) -> set[str]:
     """Drafters whose model the zoo does not ship yet (for a named real target: not for it) and no flag names: `all`
     leaves them out."""
-    from draftkit.drafters.registry import REGISTRY, uses
+    from draftkit.drafters.registry import REGISTRY
     from draftkit.zoo import available
 
     from draftkit.gguf import REAL_TARGETS, real_name
@@ -192,11 +192,11 @@ def _unshipped(args) -> set[str]:
         shipped = set(available())
         return {name for name, e in REGISTRY.items() if e.train_hint and e.default_model not in shipped
                 and getattr(args, e.default_model, None) is None}
-    # a real target: only the drafts shipped for it (and those a flag names); a composite needs all its members'
+    # a real target: only the drafts shipped for it (and those a flag names); a hybrid takes the members it has
+    # (drafters/registry.available_members)
     shipped = {k.split("/", 1)[1] for k in available() if k.startswith(family + "/")}
-    missing = {name for name, e in REGISTRY.items() if e.default_model and e.default_model not in shipped
-               and getattr(args, e.default_model, None) is None}
-    return missing | {name for name, e in REGISTRY.items() if e.composite and set(uses(name)) & missing}
+    return {name for name, e in REGISTRY.items() if e.default_model and e.default_model not in shipped
+            and getattr(args, e.default_model, None) is None}
 
 
 def check_drafters(args, choices) -> None:

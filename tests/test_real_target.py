@@ -179,3 +179,26 @@ def test_smollm2_decodes_losslessly_with_its_chat_template():
     ids = torch.tensor(templated(tok, [{"role": "user", "content": chat_rows()[40]["turns"][0]}]))
     plain = dk.generate(model, ids, None, 24).tokens.tolist()
     assert dk.generate(model, ids, SuffixDrafter(), 24, budget="fixed").tokens.tolist() == plain
+
+
+def test_a_real_target_gets_its_own_drafts_or_a_one_line_error(tmp_path, monkeypatch):
+    """A model converted from a named real target (its cached folder's name says which) loads the zoo's
+    <target>/<kind> drafts; without one, a one-line error; the hybrid takes the members that exist for it."""
+    from draftkit import zoo
+    from draftkit.drafters import registry
+    from draftkit.gguf import real_name
+    from tests.models import tiny_model
+
+    folder = tmp_path / "SmolLM2-135M-Instruct.Q4_1-0123456789abcdef0123"
+    tiny_model("llama").save_pretrained(folder)
+    target = dk.load_model(str(folder))
+    assert real_name(target) == "smollm2-135m" and real_name(tiny_model("llama")) is None
+    monkeypatch.setattr(zoo, "available", lambda zoo=None: ["target", "eagle", "eagle3"])
+    with pytest.raises(dk.ZooError, match="no eagle3 draft is shipped for smollm2-135m") as err:
+        dk.make_drafter("eagle3", target)
+    assert "\n" not in str(err.value)
+    assert registry.available_members(target, ["suffix", "eagle"], {}) == ["suffix", "lookahead"]
+    monkeypatch.setattr(zoo, "available", lambda zoo=None: ["target", "smollm2-135m/eagle3"])
+    assert registry.shipped_name(target, "eagle3") == "smollm2-135m/eagle3"
+    assert registry.available_members(target, ["suffix", "eagle"], {}) == ["suffix", "eagle3"]
+    assert registry.shipped_name(tiny_model("llama"), "eagle3") == "eagle3"  # the shipped family's own
