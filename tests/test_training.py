@@ -460,3 +460,29 @@ def test_ranks_read_disjoint_rows_of_each_global_batch(tiny):
         assert [a + b for a, b in zip(*halves)] == whole
     assert all(not set(a) & set(b) for a, b in zip(*halves))  # 48 rows: within an epoch no row is read twice
     assert Accelerator  # imported: the class the real ranks come from
+
+
+@pytest.mark.parametrize("mode", ["cpu", "gpu"])
+def test_real_target_build_commands_parse(tmp_path, mode):
+    """recipes/smollm2/build.sh (dry run): prompts, data, EAGLE-3, evaluation and export, each command parsed by its
+    script as the real run would; every path quoted."""
+    out = tmp_path / "runs with spaces"
+    env = {**os.environ, "DRY_RUN": "1", "OUT": str(out)}
+    argv = ["bash", "recipes/smollm2/build.sh"] + (["--gpu"] if mode == "gpu" else [])
+    printed = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, check=True).stdout
+    commands = [shlex.split(line[2:].split(" > ")[0]) for line in printed.splitlines() if line.startswith("+ python")]
+    assert [Path(c[1]).stem for c in commands] == ["chat_prompts", "prepare_data", "eagle", "compare", "export"]
+    data, eagle = commands[1], commands[2]
+    cfg = parse_config(config_class(importlib.import_module("draftkit.train.prepare_data")), data[2:],
+                       ignore_unknown=True)
+    train = parse_config(config_class(importlib.import_module("draftkit.train.eagle")), eagle[2:])
+    for c in (cfg, train):  # both read the same shards: the same data settings
+        assert c.corpus == str(out / "prompts.jsonl") and c.cache_dir == str(out / "cache") and c.regenerate
+    assert (cfg.train_rows, cfg.seq_len, cfg.messages_column) == (train.train_rows, train.seq_len, "messages")
+    assert train.layout == "reference" and list(train.feature_layers) == [2, 15, 27]  # (2, L//2, L-3) of 30
+    assert cfg.layers[:3] == [2, 15, 27]
+    if mode == "gpu":
+        assert train.mixed_precision == "bf16" and train.train_rows == 8192
+    from draftkit.eval.cli import parse_args
+
+    assert parse_args(commands[3][2:]).eagle3 == str(out / "eagle3" / "final")
