@@ -473,6 +473,7 @@ def test_real_target_build_commands_parse(tmp_path, mode):
     commands = [shlex.split(line[2:].split(" > ")[0]) for line in printed.splitlines() if line.startswith("+ python")]
     assert [Path(c[1]).stem for c in commands] == ["chat_prompts", "prepare_data", "eagle", "compare", "export"]
     data, eagle = commands[1], commands[2]
+    (out / "prompts.jsonl").write_text("")  # what the first stage writes: the recipes check that their corpus exists
     cfg = parse_config(config_class(importlib.import_module("draftkit.train.prepare_data")), data[2:],
                        ignore_unknown=True)
     train = parse_config(config_class(importlib.import_module("draftkit.train.eagle")), eagle[2:])
