@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import platform
 import time
@@ -115,8 +116,13 @@ class CostProfile:
                     return prof
             except (ValueError, TypeError):
                 pass  # a damaged file: measure again
+        t0 = time.perf_counter()
         prof = cls.measure(model, bucket)
         prof.key, prof.measured_at = key, time.time()
+        # the one time a call pays for it: said, so that a first call's time is not read as decoding speed
+        logging.getLogger("draftkit").warning(
+            "draftkit: measured this model's verify cost curve at context %d once (%.1f s)%s", bucket,
+            time.perf_counter() - t0, f"; saved under {path.parent} for later calls" if cache else "")
         if cache:
             path.parent.mkdir(parents=True, exist_ok=True)
             tmp = path.with_suffix(".tmp")
