@@ -191,20 +191,22 @@ class EagleLoss(nn.Module):
                               position_ids=(torch.arange(n, device=ids.device) + i)[None])
             pred = self.draft(x, tok, cache=cache, **kwargs)  # (B, n, H): predicts f_{t+1+i}
             hit = pred[:, :valid]
-            if hasattr(self.draft, "draft_logits"):  # reference layouts: over the draft vocabulary
-                logp = self.draft.draft_logits(hit, head).float().log_softmax(-1)
-            else:
-                logp = head(hit.to(head.weight.dtype)).float().log_softmax(-1)
             w_i = keep[:, i:]  # (B, valid): positions 1 + i .. T - 1
-            ce = -(tgt_p[:, i:] * logp).sum(-1)
-            ce = (ce * w_i).sum() / w_i.sum().clamp_min(1.0)
+            on = w_i > 0  # the trained positions: the LM head (the step's largest matmul) runs on these only
+            h_on = hit[on]  # (k, H)
+            if hasattr(self.draft, "draft_logits"):  # reference layouts: over the draft vocabulary
+                logp = self.draft.draft_logits(h_on, head).float().log_softmax(-1)  # (k, V')
+            else:
+                logp = head(h_on.to(head.weight.dtype)).float().log_softmax(-1)
+            ce = -(tgt_p[:, i:][on] * logp).sum(-1)  # (k,)
+            ce = (ce * w_i[on]).sum() / w_i.sum().clamp_min(1.0)
             feat = F.smooth_l1_loss(hit.float(), last[:, 1 + i:].float(), reduction="none").mean(-1)
             feat = (feat * w_i).sum() / w_i.sum().clamp_min(1.0)
             w = self.decay ** i
             total = total + w * (self.tw * ce + (self.fw * feat if self.fw else 0.0))
             with torch.no_grad():
                 top = logp.argmax(-1) if vocab_ids is None else vocab_ids[logp.argmax(-1)]
-                out[f"acc_{i}"] = ((top == tgt_top[:, i:]).float() * w_i).sum() / w_i.sum().clamp_min(1.0)
+                out[f"acc_{i}"] = ((top == tgt_top[:, i:][on]).float() * w_i[on]).sum() / w_i.sum().clamp_min(1.0)
             out[f"token_loss_{i}"], out[f"feature_loss_{i}"] = ce.detach(), feat.detach()
             x = pred  # the next unrolled step reads the draft's own features
         out["loss"] = total
