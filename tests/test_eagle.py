@@ -297,7 +297,7 @@ def test_training_eagle3_ttt(tiny_run):
     assert {"acc_0", "acc_1", "acc_2"} <= set(report["history"][-1])
     # one folder per layer, one file per shard of 4 rows (other tests' caches read only the last layer)
     (feats,) = [d for d in glob.glob(str(tiny_run / "cache" / "feats-*")) if os.path.isdir(os.path.join(d, "L0"))]
-    assert sorted(os.listdir(feats)) == ["L0", "L1", "L2"] and len(os.listdir(os.path.join(feats, "L2"))) == 2
+    assert sorted(os.listdir(feats)) == ["L0", "L1", "L2", "top"] and len(os.listdir(os.path.join(feats, "L2"))) == 2
 
 
 def test_resume_continues_at_the_right_step(tiny_run, monkeypatch):

@@ -29,6 +29,8 @@ capacity), and the write positions reach the layers as a device tensor.
 """
 from __future__ import annotations
 
+import logging
+import time
 from contextlib import nullcontext
 
 import torch
@@ -355,14 +357,23 @@ class Verifier:
         if prefill or not self.compile or not self.kv.layers[0].is_initialized:
             return self.model
         compiled = compiled_forward(self.model)
-
         graphs = self.graph_outputs
+        seen = self.model.__dict__.setdefault("_draftkit_buckets", set())  # (rows, capacity) compiled so far
+        first = (b, self.kv.capacity) not in seen
 
         def forward(**kw):  # a graph per bucket: more than dynamo keeps per function by default
             if graphs:  # a new step: the previous replay's outputs may be overwritten from here on
                 torch.compiler.cudagraph_mark_step_begin()
+            t0 = time.perf_counter()
             with torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT):
-                return compiled(**kw)
+                out = compiled(**kw)
+            if first:  # a bucket compiles on its first use: said once, so its seconds are not read as decoding
+                seen.add((b, self.kv.capacity))
+                logging.getLogger("draftkit").warning(
+                    "draftkit: compiled the verify forward for %d rows on a %d-entry buffer (%.1f s, once; "
+                    "verify.forward.warm_compiled compiles every bucket ahead)", b, self.kv.capacity,
+                    time.perf_counter() - t0)
+            return out
         return forward
 
     def _per_layer_type(self, full: torch.Tensor, pos: torch.Tensor, static: bool = False):
