@@ -72,3 +72,28 @@ def test_exporting_a_shipped_drafter_names_the_shipped_target(tmp_path, capsys):
     assert main([os.path.join(root, "zoo", "eagle3"), "--format", "vllm", "--out", str(tmp_path / "e3")]) == 0
     out = capsys.readouterr().out
     assert f"vllm serve {resolve(None, 'target')} " in out
+
+
+def test_shipping_records_the_tau_a_compare_run_measured(tmp_path):
+    """ship.py --compare: the drafter's tau per task (and that run's settings and machine) land in the manifest;
+    a run without that drafter is an error, not a silent gap."""
+    import json
+
+    import pytest
+
+    from draftkit.train.ship import compare_taus
+
+    run = tmp_path / "compare.json"
+    run.write_text(json.dumps({"settings": {"tasks": "chat"}, "machine": {"cpu": "x"}, "rows": [
+        {"drafter": "eagle3", "task": "humaneval", "tau": 2.5}, {"drafter": "eagle3", "task": "chat/math", "tau": 2.1},
+        {"drafter": "plain", "task": "humaneval", "tau": 1.0}]}))
+    src = tmp_path / "final"
+    src.mkdir()
+    (src / "config.json").write_text("{}")
+    entry = ship("real/eagle3", str(src), "recipes/smollm2/eagle3.yaml", "test", zoo=tmp_path / "zoo",
+                 evaluation=compare_taus(str(run), "eagle3"))
+    assert entry["tau_by_task"] == {"humaneval": 2.5, "chat/math": 2.1} and entry["compare_machine"] == {"cpu": "x"}
+    manifest = json.loads((tmp_path / "zoo" / "manifest.json").read_text())
+    assert manifest["models"]["real/eagle3"]["path"] == "real/eagle3"
+    with pytest.raises(ValueError, match="no rows of drafter 'medusa'"):
+        compare_taus(str(run), "medusa")

@@ -24,7 +24,18 @@ from draftkit.zoo import ZOO, sha256  # noqa: E402
 SKIP = {"train_report.json", "training_args.bin"}
 
 
-def ship(name: str, source: str, recipe: str, command: str, zoo: Path | None = None) -> dict:
+def compare_taus(path: str, drafter: str) -> dict:
+    """{task: tau} of `drafter`'s rows in a compare.json, with the command-line settings and machine of that run."""
+    report = json.loads(Path(path).read_text())
+    rows = [r for r in report.get("rows", []) if r.get("drafter") == drafter and r.get("tau") is not None]
+    if not rows:
+        raise ValueError(f"{path} has no rows of drafter {drafter!r}")
+    return {"tau_by_task": {r["task"]: round(r["tau"], 3) for r in rows}, "compare_settings": report.get("settings"),
+            "compare_machine": report.get("machine")}
+
+
+def ship(name: str, source: str, recipe: str, command: str, zoo: Path | None = None,
+         evaluation: dict | None = None) -> dict:
     zoo = Path(zoo or ZOO)
     src, dst = Path(source), zoo / name
     if not src.is_dir():
@@ -42,7 +53,7 @@ def ship(name: str, source: str, recipe: str, command: str, zoo: Path | None = N
     report = json.loads(report_path.read_text()) if report_path.exists() else {}
     files = {str(f.relative_to(dst)): {"sha256": sha256(f), "bytes": f.stat().st_size}
              for f in sorted(dst.rglob("*")) if f.is_file()}
-    entry = {"path": name, "command": command, "recipe": recipe, **report, "files": files}
+    entry = {"path": name, "command": command, "recipe": recipe, **report, **(evaluation or {}), "files": files}
     man_path = zoo / "manifest.json"
     man = json.loads(man_path.read_text()) if man_path.exists() else {"models": {}}
     man["models"][name] = entry
@@ -56,8 +67,17 @@ def main(argv=None):
     ap.add_argument("--source", required=True, help="the trained model folder (a run's final/ or export_dir)")
     ap.add_argument("--recipe", required=True, help="the recipe YAML the run used")
     ap.add_argument("--command", required=True, help="the exact command that trained it")
+    ap.add_argument("--compare", help="a compare.json that measured it: its tau per task is recorded in the manifest")
+    ap.add_argument("--drafter", help="with --compare: the drafter's name in that run (default: the last part of "
+                                      "--name)")
     args = ap.parse_args(argv)
-    entry = ship(args.name, args.source, args.recipe, args.command)
+    evaluation = None
+    if args.compare:
+        try:
+            evaluation = compare_taus(args.compare, args.drafter or args.name.split("/")[-1])
+        except (OSError, ValueError) as err:
+            ap.error(f"--compare {args.compare}: {err}")
+    entry = ship(args.name, args.source, args.recipe, args.command, evaluation=evaluation)
     total = sum(f["bytes"] for f in entry["files"].values())
     print(f"shipped {args.name}: {len(entry['files'])} files, {total / 1e6:.1f} MB")
 
