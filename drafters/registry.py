@@ -202,13 +202,13 @@ def _lookahead(target, path, tokenizer, s: LookaheadSettings):
 def available_members(target, names: list[str], paths: dict) -> list[str]:
     """A hybrid's members on a named real target: a member whose draft is not shipped for it (and not given) is
     replaced by its EAGLE-3 sibling when that is shipped (eagle -> eagle3), else left out; lookahead makes up two."""
+    from draftkit import zoo
     from draftkit.gguf import real_name
-    from draftkit.zoo import available
 
     family = real_name(target)
     if family is None:
         return names
-    shipped = {k.split("/", 1)[1] for k in available() if k.startswith(family + "/")}
+    shipped = zoo.shipped_for(family)
     out = []
     for n in names:
         model = REGISTRY[n].default_model

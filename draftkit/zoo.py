@@ -92,3 +92,8 @@ def table(zoo: Path | None = None) -> str:
 
 if __name__ == "__main__":
     print(table())
+
+
+def shipped_for(family: str, zoo: Path | None = None) -> set[str]:
+    """The kinds of draft the zoo ships for the named real target `family` (entries `<family>/<kind>`)."""
+    return {k.split("/", 1)[1] for k in available(zoo) if k.startswith(family + "/")}

@@ -186,6 +186,7 @@ def _unshipped(args) -> set[str]:
     from draftkit.zoo import available
 
     from draftkit.gguf import REAL_TARGETS, real_name
+    from draftkit.zoo import shipped_for
 
     family = args.target if args.target in REAL_TARGETS else real_name(args.target or "")
     if family is None:
@@ -194,7 +195,7 @@ def _unshipped(args) -> set[str]:
                 and getattr(args, e.default_model, None) is None}
     # a real target: only the drafts shipped for it (and those a flag names); a hybrid takes the members it has
     # (drafters/registry.available_members)
-    shipped = {k.split("/", 1)[1] for k in available() if k.startswith(family + "/")}
+    shipped = shipped_for(family)
     return {name for name, e in REGISTRY.items() if e.default_model and e.default_model not in shipped
             and getattr(args, e.default_model, None) is None}
 

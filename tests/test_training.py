@@ -5,7 +5,6 @@ a corrupt checkpoint is a one-line error; every README training command runs in 
 import glob
 import importlib
 import json
-import math
 import os
 import random
 import re
@@ -298,39 +297,6 @@ def test_interrupted_and_corrupt_checkpoints(tiny, tmp_path):
 # ----------------------------------------------------------------------------- the zoo build and the README
 
 
-@pytest.mark.parametrize("mode", ["cpu", "gpu"])
-def test_zoo_build_commands_parse_and_finished_stages_are_skipped(tmp_path, mode):
-    tmp_path = tmp_path / "runs with spaces"  # every path is quoted
-    done = tmp_path / "target" / "final"
-    done.mkdir(parents=True)
-    (done / "train_report.json").write_text("{}")
-    (done / "config.json").write_text('{"num_hidden_layers": 30}')  # EAGLE-3's layers come from the target's config
-    env = {**os.environ, "DRY_RUN": "1", "OUT": str(tmp_path), "CORPUS": "python"}
-    argv = ["bash", "recipes/zoo/build.sh"] + (["--gpu"] if mode == "gpu" else [])
-    out = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, check=True).stdout
-    assert f"= target: done ({done})" in out
-    stages = [line[2:].split(" > ")[0] for line in out.splitlines() if line.startswith("+ python train/")
-              and "ship.py" not in line]
-    # prepare (the drafters' data), draft, eagle2, medusa1, medusa2, eagle3, peagle, dflash
-    assert len(stages) == 8
-    assert any("recipes/eagle/peagle.yaml" in c and shlex.split(c)[shlex.split(c).index("--init_from") + 1]
-               == f"{tmp_path}/eagle3/final" for c in stages)
-    for command in stages:
-        words = shlex.split(command)
-        if "recipes/eagle/eagle3_reference.yaml" in words and "train/eagle.py" in words:
-            assert words[words.index("--feature_layers") + 1:][:3] == ["2", "15", "27"]  # (2, L//2, L-3) of 30
-        if "train/prepare_data.py" in words:
-            assert words[words.index("--layers") + 1:][:4] == ["2", "15", "27", "-1"]
-        script = Path(words[1]).stem
-        cls = config_class(importlib.import_module("draftkit.train." + script))
-        cfg = parse_config(cls, words[2:], ignore_unknown=script == "prepare_data")  # it reads a recipe's data keys
-        assert cfg.corpus == "python" and cfg.target == str(done) and cfg.output_dir.startswith(str(tmp_path))
-        assert cfg.regenerate and cfg.cache_dir == str(tmp_path / "cache")  # one regenerated data set for all
-        if mode == "gpu":  # the trainings in bf16; prepare_data keeps the target's own dtype
-            assert cfg.train_rows == 16384 and (script == "prepare_data"
-                                                or cfg.mixed_precision == "bf16" and not cfg.wandb)
-
-
 def readme_training_commands(readme: Path) -> list[str]:
     """The training commands of the "Training the drafters" code block (docs/training.md)."""
     text = readme.read_text()
@@ -403,87 +369,3 @@ def test_own_text_top1_is_the_one_node_drafts_the_target_kept():
     assert right["own_text_top1"] == 1.0 and right["tau"] > 2
     wrong = measure_tau(target, WrongDrafter(target), stream, prompts=2, new_tokens=12, prompt_len=8)
     assert wrong["own_text_top1"] == 0.0 and wrong["tau"] == 1.0
-
-
-def launch_two(argv: list[str], tmp_path: Path) -> subprocess.CompletedProcess:
-    """train/eagle.py in two CPU processes (gloo) through the README's launcher and recipes/accelerate/cpu_ddp.yaml."""
-    cmd = [sys.executable, "train/launch.py", "--config_file", "recipes/accelerate/cpu_ddp.yaml", "train/eagle.py",
-           *argv]
-    env = {**os.environ, "WANDB_MODE": "offline", "OMP_NUM_THREADS": "1"}
-    out = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
-    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-4000:]
-    return out
-
-
-@pytest.mark.slow
-def test_two_processes_read_disjoint_rows_match_one_process_and_resume(tiny, tmp_path):
-    """Two ranks of batch 4 train what one process of batch 8 does (ranks read disjoint halves of each global
-    batch; the logged loss is the global batch's); a two-rank run stopped at step 2 resumes with both ranks to the
-    same losses; only the main process writes the final model and logs to W&B."""
-    # no feature noise: each rank draws its own, which the comparison with one process would read as a difference
-    steps = ["--max_steps", "4", "--checkpoint_every", "2", "--lr", "0.003", "--feature_noise", "0"]
-    one = run_recipe("eagle", recipe_argv("eagle", tiny, tmp_path / "one", *steps, "--batch_size", "8"))
-    two_dir = tmp_path / "two"
-    argv = recipe_argv("eagle", tiny, two_dir, *steps, "--batch_size", "4", "--wandb", "true")
-    launch_two(argv + ["--stop_at_step", "2"], tmp_path)
-    assert not (two_dir / "final").exists()
-    launch_two(argv, tmp_path)
-    report = json.loads((two_dir / "final" / "train_report.json").read_text())
-    assert report["resumed_from"] == 2
-    assert report["first_train"]["loss"] == pytest.approx(one["history"][2]["loss"], rel=2e-3)  # step 3: resumed
-    assert report["last_train"]["loss"] == pytest.approx(one["history"][-1]["loss"], rel=2e-3)
-    assert report["tokens_seen"] == one["tokens_seen"]
-    run_id = (two_dir / "wandb_run_id").read_text().strip()
-    runs = sorted(glob.glob(str(two_dir / "wandb" / "offline-run-*")))
-    # the two launches (stopped, resumed) log to one W&B run, and only the main process logs: one folder each
-    assert len(runs) == 2 and all(re.search(rf"-{run_id}(-\d+)?$", r) for r in runs), (run_id, runs)
-
-
-def test_ranks_read_disjoint_rows_of_each_global_batch(tiny):
-    """TargetData's row order: rank r of N reads the r-th slice of the batch one process of N x B reads."""
-    from accelerate import Accelerator
-
-    from draftkit.train.targetdata import TargetData
-
-    class Rank:
-        def __init__(self, index, count):
-            self.process_index, self.num_processes = index, count
-
-    def order(index, count, batch, rows):
-        data = TargetData.__new__(TargetData)
-        data.cfg = type("C", (), {"batch_size": batch})()
-        data.rows, data.seed, data.acc = torch.zeros(rows, 4), 0, Rank(index, count)
-        return [data.indices(s).tolist() for s in range(6)]
-    for rows in (37, 48):  # an epoch that ends inside a global batch, and one that does not
-        whole = order(0, 1, 8, rows)
-        halves = [order(r, 2, 4, rows) for r in range(2)]
-        assert [a + b for a, b in zip(*halves)] == whole
-    assert all(not set(a) & set(b) for a, b in zip(*halves))  # 48 rows: within an epoch no row is read twice
-    assert Accelerator  # imported: the class the real ranks come from
-
-
-@pytest.mark.parametrize("mode", ["cpu", "gpu"])
-def test_real_target_build_commands_parse(tmp_path, mode):
-    """recipes/smollm2/build.sh (dry run): prompts, data, EAGLE-3, evaluation and export, each command parsed by its
-    script as the real run would; every path quoted."""
-    out = tmp_path / "runs with spaces"
-    env = {**os.environ, "DRY_RUN": "1", "OUT": str(out)}
-    argv = ["bash", "recipes/smollm2/build.sh"] + (["--gpu"] if mode == "gpu" else [])
-    printed = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, check=True).stdout
-    commands = [shlex.split(line[2:].split(" > ")[0]) for line in printed.splitlines() if line.startswith("+ python")]
-    assert [Path(c[1]).stem for c in commands] == ["chat_prompts", "prepare_data", "eagle", "compare", "export"]
-    data, eagle = commands[1], commands[2]
-    (out / "prompts.jsonl").write_text("")  # what the first stage writes: the recipes check that their corpus exists
-    cfg = parse_config(config_class(importlib.import_module("draftkit.train.prepare_data")), data[2:],
-                       ignore_unknown=True)
-    train = parse_config(config_class(importlib.import_module("draftkit.train.eagle")), eagle[2:])
-    for c in (cfg, train):  # both read the same shards: the same data settings
-        assert c.corpus == str(out / "prompts.jsonl") and c.cache_dir == str(out / "cache") and c.regenerate
-    assert (cfg.train_rows, cfg.seq_len, cfg.messages_column) == (train.train_rows, train.seq_len, "messages")
-    assert train.layout == "reference" and list(train.feature_layers) == [2, 15, 27]  # (2, L//2, L-3) of 30
-    assert cfg.layers[:3] == [2, 15, 27]
-    if mode == "gpu":
-        assert train.mixed_precision == "bf16" and train.train_rows == 8192
-    from draftkit.eval.cli import parse_args
-
-    assert parse_args(commands[3][2:]).eagle3 == str(out / "eagle3" / "final")

@@ -36,7 +36,7 @@ from contextlib import nullcontext
 import torch
 import torch.nn.functional as F
 
-from draftkit.verify.attention_layout import AttentionLayout
+from draftkit.verify.attention_layout import AttentionLayout, per_layer_type
 from draftkit.verify.cache import KVBuffer
 from draftkit.verify.layer_tap import LayerTap
 from draftkit.verify.contract import DraftTree
@@ -64,28 +64,6 @@ def run_model(model, kv: KVBuffer, masks: MaskBuffer | None, block: torch.Tensor
         return model(cache=kv, use_cache=True, **inputs)
     finally:
         kv.end_forward()
-
-
-def block_key_positions(past: list[int], q_pos: torch.Tensor, width: int, c: int) -> torch.Tensor:
-    """(B, width) long: the position of each column of a MaskBuffer mask (verify/tree.py) whose rows each see
-    past[b] committed entries at positions 0.. (a row of its own per sequence) and then a block of c entries,
-    the last q of them this forward's (q_pos (B, q)). Pending entries of earlier forwards of the step are placed
-    right after the committed ones (exact for chains; a draft model's tree of pending entries may sit a few
-    positions further, which moves a window by as much and changes only what the draft proposes)."""
-    q = q_pos.shape[1]
-    cols = torch.arange(width, device=q_pos.device).repeat(len(past), 1)
-    for b, start in enumerate(past):
-        cols[b, start + c - q:start + c] = q_pos[b]
-    return cols
-
-
-def per_layer_type(model, full: torch.Tensor, q_pos: torch.Tensor, past: list[int], c: int):
-    """The `attention_mask` for a forward whose full mask (B, 1, q, W) is MaskBuffer's (rows of their own, past[b]
-    committed entries, a block of c), narrowed per layer type (verify/attention_layout.py)."""
-    layout = AttentionLayout.of(model)
-    if layout.plain:
-        return full
-    return layout.masks(full, q_pos, block_key_positions(past, q_pos, full.shape[-1], c))
 
 
 def probe_tolerance(dtype: torch.dtype, scale: float) -> float:
