@@ -185,7 +185,8 @@ class MedusaDrafter:
         self.set_tree(build_tree_choices(acc, tree_size))
 
     def _layout(self, max_depth: int, max_nodes: int):
-        """(head index, rank, parent) tensors of the best max_nodes choices no deeper than max_depth."""
+        """(head index, rank, parent) tensors of the best max_nodes choices no deeper than max_depth, and the
+        head index of each node again as a host list (nothing is read per step)."""
         key = (max_depth, max_nodes)
         if key not in self._layouts:
             kept = sorted([p for p in self._by_value if len(p) <= max_depth][:max_nodes])
@@ -193,7 +194,7 @@ class MedusaDrafter:
             head = torch.tensor([len(p) - 1 for p in kept], dtype=torch.long)
             rank = torch.tensor([p[-1] for p in kept], dtype=torch.long)
             parents = [index[p[:-1]] if len(p) > 1 else -1 for p in kept]
-            self._layouts[key] = (head, rank, parents)
+            self._layouts[key] = (head, rank, parents, [len(p) - 1 for p in kept])
         return self._layouts[key]
 
     # -- Drafter protocol
@@ -212,8 +213,8 @@ class MedusaDrafter:
         max_depth = min(self.heads.num_heads, state.budget.max_depth)
         if self.hidden is None or max_depth < 1 or not self.tree_choices:
             return 0
-        head = self._layout(max_depth, state.budget.max_nodes)[0]
-        return 1 + int(head.max()) if len(head) else 0
+        heads = self._layout(max_depth, state.budget.max_nodes)[3]
+        return 1 + max(heads) if heads else 0
 
     def hidden_on_heads(self) -> torch.Tensor:
         """(H,) the root's hidden state, on the heads' device and in their dtype."""
@@ -223,10 +224,11 @@ class MedusaDrafter:
     def tree(self, logits: torch.Tensor, state: DecodeState) -> DraftTree:
         """The step's tree from the heads' logits (at least `wants(state)` heads, (n, V))."""
         device = state.tokens.device
-        head, rank, parents = self._layout(min(self.heads.num_heads, state.budget.max_depth), state.budget.max_nodes)
+        head, rank, parents, head_ids = self._layout(min(self.heads.num_heads, state.budget.max_depth),
+                                                     state.budget.max_nodes)
         if not state.greedy and sampled_trees_enabled():
-            return self._sampled(logits, head, parents, state.temperature, device, self.sampling or state.sampling,
-                                 state.generator)
+            return self._sampled(logits, head_ids, parents, state.temperature, device,
+                                 self.sampling or state.sampling, state.generator)
         top = logits.topk(self.top_k, dim=-1).indices  # (n, top_k), stays on the device
         key = (min(self.heads.num_heads, state.budget.max_depth), state.budget.max_nodes, top.device)
         if key not in self._on_device:
@@ -248,7 +250,8 @@ class MedusaDrafter:
 
         return MedusaLanes(drafters) if all(d.heads is drafters[0].heads for d in drafters) else None
 
-    def _sampled(self, logits, head, parents, temperature: float, device, sampling=None, gen=None) -> DraftTree:
+    def _sampled(self, logits, head_ids: list[int], parents, temperature: float, device, sampling=None,
+                 gen=None) -> DraftTree:
         """The layout's tree with rank r of a slot's children = the r-th draw without replacement from
         its head's q. A slot's children are taken in rank order (the layout sorts them), so its
         j-th child is the j-th draw whatever ranks the choices name: always a prefix of the draws."""
@@ -260,15 +263,16 @@ class MedusaDrafter:
         order = gumbel_order(q, min(max(draw) + 1, q.shape[-1]), generator_on(gen, q.device))  # (num_heads, k)
         support = (q > 0).sum(-1).tolist()
         keep, index = [], {}  # drop draws past a head's support (q = 0 there) and their subtrees
-        for i, (hd, d, pa) in enumerate(zip(head.tolist(), draw, parents)):
+        for i, (hd, d, pa) in enumerate(zip(head_ids, draw, parents)):
             if d < support[hd] and (pa < 0 or pa in index):
                 index[i] = len(keep)
                 keep.append(i)
         kept_parents = [index[parents[i]] if parents[i] >= 0 else -1 for i in keep]
-        rows = head[keep].to(q.device)
-        tokens = order[rows, torch.tensor([draw[i] for i in keep], device=q.device)].to(device)
-        tree = DraftTree(tokens, torch.tensor(kept_parents, device=device), q=q[rows].to(device),
-                         draws=WITHOUT_REPLACEMENT)
+        # one upload, queued without a wait: each kept node's head and draw
+        up = torch.tensor([[head_ids[i] for i in keep], [draw[i] for i in keep]]).to(q.device, non_blocking=True)
+        rows = up[0]
+        tokens = order[rows, up[1]].to(device)
+        tree = DraftTree(tokens, torch.tensor(kept_parents), q=q[rows].to(device), draws=WITHOUT_REPLACEMENT)
         tree._parents = kept_parents
         return tree
 

@@ -101,10 +101,10 @@ def chain_search(root_logits: torch.Tensor, depth: int, greedy: bool, gen: torch
         if d + 1 == depth:
             break
         logits = (yield tok, rows[d:d + 1], None, rows[d + 2:d + 3])[0]
-    tokens = torch.cat(picked).tolist()  # the drafter's one read of its chain
+    # the tokens stay on the device (a chain's topology is known): the verifier reads them with its one read;
     # node d went through the draft as its d-th row; the last one did not
-    return DraftTree.from_lists(tokens, list(range(-1, depth - 1)), dev, torch.stack(qs) if qs else None,
-                                extra=list(range(depth - 1)) + [-1])
+    return DraftTree.on_device(torch.cat(picked), list(range(-1, depth - 1)), torch.stack(qs) if qs else None,
+                               extra=list(range(depth - 1)) + [-1])
 
 
 def topk_search(root_logits: torch.Tensor, depth: int, top_k: int, max_nodes: int,
@@ -132,8 +132,8 @@ def topk_search(root_logits: torch.Tensor, depth: int, top_k: int, max_nodes: in
         parent_rows = row_of[all_pars[frontier].clamp_min(0)].where(all_pars[frontier] >= 0, -1)
         # a frontier node sees its parent's ancestors (rows already run) and itself
         new = torch.zeros(k, e + k, dtype=torch.bool, device=dev)
-        has_par = parent_rows >= 0
-        new[has_par, :e] = anc[parent_rows[has_par]]
+        if e:  # without a boolean index: its size would depend on the data (a wait on a GPU)
+            new[:, :e] = anc[parent_rows.clamp_min(0)] & (parent_rows >= 0)[:, None]
         new[:, e:] = torch.eye(k, dtype=torch.bool, device=dev)
         anc = torch.cat([torch.cat([anc, torch.zeros(e, k, dtype=torch.bool, device=dev)], 1), new], 0)
         row_of[frontier] = torch.arange(e, e + k, device=dev)
@@ -238,8 +238,9 @@ def sampled_search(root_logits: torch.Tensor, depth: int, top_k: int, max_nodes:
         for b, i in enumerate(batch):
             row[i] = e + b
             slot_node.append(i)
-        logits = yield (torch.tensor([tok[i] for i in batch], device=dev), torch.tensor(parent_rows, device=dev),
-                        new.to(dev), torch.tensor([dep[i] for i in batch], device=dev))
+        # one upload, queued without a wait: tokens, parent rows, depths
+        up = torch.tensor([[tok[i] for i in batch], parent_rows, [dep[i] for i in batch]]).to(dev, non_blocking=True)
+        logits = yield up[0], up[1], new.to(dev, non_blocking=True), up[2]
         prepare(logits)
         forwards_left -= 1
         if forwards_left == 0:
@@ -254,7 +255,7 @@ def sampled_search(root_logits: torch.Tensor, depth: int, top_k: int, max_nodes:
         flat.append(i)
         stack.extend(reversed(kids.get(i, [])))
     index = {old: new_i for new_i, old in enumerate(flat)}
-    q = torch.cat(qs)[torch.tensor([pslot[i] for i in flat], device=dev)]
+    q = torch.cat(qs)[torch.tensor([pslot[i] for i in flat]).to(dev, non_blocking=True)]
     return DraftTree.from_lists([tok[i] for i in flat], [index[par[i]] if par[i] >= 0 else -1 for i in flat],
                                 dev, q=q, draws=WITHOUT_REPLACEMENT, extra=[row[i] for i in flat])
 

@@ -8,7 +8,7 @@ matplotlib or scipy). Sections, each written to --out as soon as it finishes:
 
   env                 torch / transformers versions, the device
   zoo-<dtype>         the shipped family (zoo/) on the device: every drafter greedy against plain decoding
-                      (identical tokens, fixed caps), tau, host transfers per step (eval/syncs.py), tokens/s
+                      (identical tokens, fixed caps), tau, host transfers and waits per step (eval/syncs.py), tokens/s
                       of plain decoding and of every drafter under the auto budget, the tree-attention probe
   llama1b-<dtype>     a randomly initialised Llama of about 1B parameters built from a config, with lookahead,
                       suffix, a random standalone draft and a random EAGLE draft: the same measurements
@@ -42,7 +42,7 @@ import torch  # noqa: E402
 
 import draftkit as dk  # noqa: E402
 from draftkit.eval.divergence import first_divergence  # noqa: E402
-from draftkit.eval.syncs import SyncCounter  # noqa: E402
+from draftkit.eval.syncs import DeviceShim, SyncCounter  # noqa: E402
 from draftkit.verify.forward import probe_tree_attention  # noqa: E402
 from draftkit.verify.timing import synchronize  # noqa: E402
 
@@ -128,11 +128,36 @@ def family_report(target, makers: dict, prompts: list[list[int]], n: int, repeat
         taus = [o[1].tau for o in outs]
         report["drafters"][name] = {"identical": f"{same}/{len(prompts)}", "first_divergence": first_diff,
                                     "mismatches": mismatches,  # differences that are not near-ties: bugs
-                                    "tau": statistics.mean(taus), "syncs_per_step": counter.per_step(len(stats.steps))}
+                                    "tau": statistics.mean(taus), "syncs_per_step": counter.per_step(len(stats.steps)),
+                                    "waits_per_step": waits_per_step(target, prompts[0], drafter, n)}
     report["tokens_per_s"] = tokens_per_s(target, {"plain": lambda: None, **makers}, prompts, n, repeats)
     plain_tps = report["tokens_per_s"]["plain"]
     report["speedup"] = {k: v / plain_tps for k, v in report["tokens_per_s"].items()}
     return report
+
+
+def waits_per_step(target, ids: list[int], drafter, n: int) -> float:
+    """Waits of the host for the device per decoding step, past what a run pays once (runs of n and 2n tokens,
+    the difference over the difference in steps): on a GPU the reads of device tensors and the synchronizes; on
+    a CPU the device code path through eval/syncs.DeviceShim."""
+    runs = []
+    for new in (n, 2 * n):
+        if target.device.type == "cpu":
+            with DeviceShim(drafter) as shim:
+                _, stats = run_method(target, ids, drafter, new, "fixed")
+            waits = sum(shim.waits.values())
+        else:
+            synced, real = [], torch.cuda.synchronize
+            torch.cuda.synchronize = lambda device=None: (synced.append(1), real(device))[1]
+            try:
+                with SyncCounter(drafter, device_only=True) as counter:
+                    _, stats = run_method(target, ids, drafter, new, "fixed")
+            finally:
+                torch.cuda.synchronize = real
+            waits = sum(v for k, v in counter.counts.items() if k.endswith("read")) + len(synced)
+        runs.append((len(stats.steps), waits))
+    (s1, w1), (s2, w2) = runs
+    return (w2 - w1) / max(s2 - s1, 1)
 
 
 def tokens_per_s(target, makers: dict, prompts, n: int, repeats: int, **kwargs) -> dict[str, float]:

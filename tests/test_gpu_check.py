@@ -52,3 +52,20 @@ def test_sections_resume_and_fail_one_at_a_time(tmp_path):
     late.section("c", lambda: runs.append("late"))
     data = json.loads(path.read_text())["sections"]
     assert "late" not in runs and data["a"]["status"] == "ok" and data["c"]["status"] == "skipped"
+
+
+def test_family_report_counts_waits_on_the_device_path():
+    """The dry run reports each drafter's waits per step through the device shim (eval/syncs.DeviceShim)."""
+    from draftkit.drafters.eagle import EagleDraftModel, EagleDrafter
+    from draftkit.drafters.lookahead import LookaheadDrafter
+    from draftkit.eval.gpu_check import family_report
+    from tests.models import tiny_model
+
+    target = tiny_model("llama")
+    makers = {"lookahead": LookaheadDrafter,
+              "eagle": lambda: EagleDrafter(target, EagleDraftModel.from_target(target), max_depth=3, top_k=1)}
+    report = family_report(target, makers, [[1, 2, 3, 4] * 4, [5, 6, 7] * 5], n=24, repeats=1)
+    for name in makers:
+        row = report["drafters"][name]
+        assert row["identical"] == "2/2" and row["mismatches"] == 0
+        assert row["waits_per_step"] == pytest.approx(1.0), row

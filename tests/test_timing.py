@@ -52,3 +52,41 @@ def test_a_lane_is_charged_its_own_drafting_and_its_share_of_the_forward():
     for a, b in zip(slow, plain):  # the slow lane fed 1 + a.drafted of the forward's tokens, the plain lane 1
         assert a.lanes == b.lanes == 2
         assert a.verify_s == pytest.approx((1 + a.drafted) * b.verify_s)
+
+
+class SlowUpdate(SlowChain):
+    """Sleeps in update instead: time the loop stamps after the step's read."""
+
+    def propose(self, state):
+        return DraftTree.chain([0])
+
+    def update(self, result):
+        time.sleep(self.seconds)
+
+
+@pytest.mark.parametrize("device_path", [False, True])
+def test_stamps_read_after_the_step_s_read_charge_every_phase(device_path):
+    """On the device path (timing events, read after the step's one read) as on the host: a lane's drafting and
+    its update, the latter owed to its next step and the last one settled at the end, are all charged."""
+    from draftkit.eval.syncs import DeviceShim
+
+    target = tiny_model("llama")
+    drafters = [SlowChain(0.02), SlowUpdate(0.01)]
+    with DeviceShim(*drafters) if device_path else _nothing():
+        outs = dk.generate_batch(target, [torch.arange(1, 6), torch.arange(2, 9)], lambda: drafters.pop(0),
+                                 max_new_tokens=6, eos_token_id=[], budget="fixed")
+    slow, updating = (o.stats.decode_steps for o in outs)
+    assert all(s.draft_s >= 0.02 for s in slow if s.drafted)
+    # each step's update, charged to the lane's next step (the last one to itself): none lost (the prefill's
+    # update, a one-time cost, is not a step's)
+    assert all(s.draft_s >= 0.01 for s in updating[1:])
+    assert sum(s.draft_s for s in updating) >= 0.01 * len(updating)
+    assert all(s.verify_s > 0 for s in slow + updating)
+
+
+class _nothing:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        pass

@@ -156,11 +156,13 @@ def sample_ranks(tree: DraftTree, p_all: torch.Tensor, gen: torch.Generator | No
             q_all, qrow = (None, None) if tree.q is None else (tree.q.float(), kids)
             fresh = torch.zeros_like(kids, dtype=torch.bool)
             fresh[:, 0] = True
-            wor = torch.full_like(kids, tree.draws == WITHOUT_REPLACEMENT, dtype=torch.bool)
+            any_wor = tree.draws == WITHOUT_REPLACEMENT  # known on the host: nothing read
+            wor = torch.full_like(kids, any_wor, dtype=torch.bool)
         else:
             q_all = None if tree.sibling_draws.q is None else tree.sibling_draws.q.float()
             qrow, fresh, wor = draws
-        removed = torch.zeros_like(p) if q_all is not None and bool(wor.any()) else None
+            any_wor = any(tree.sibling_draws.without_replacement)
+        removed = torch.zeros_like(p) if q_all is not None and any_wor else None
         for j in range(kids.shape[1]):
             live = (kids[:, j] >= 0) & (rank < 0)
             x = xs[:, j:j + 1]

@@ -219,7 +219,7 @@ class KVBuffer(Cache):
         self.pending = 0
         if rows and self.layers[0].is_initialized:
             dev = self.layers[0].keys.device
-            idx = torch.tensor([rows, src, dst], device=dev)
+            idx = torch.tensor([rows, src, dst]).to(dev, non_blocking=True)  # queued: no wait for the device
             for layer in self.layers:
                 layer.move(idx[0], idx[1], idx[2])
 

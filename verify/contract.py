@@ -18,6 +18,8 @@ from typing import Protocol, Sequence, runtime_checkable
 
 import torch
 
+from draftkit.verify import sync
+
 #: how the children of a node were drawn from q (the verifier picks its acceptance rule from this)
 IID, WITHOUT_REPLACEMENT = "iid", "without_replacement"
 
@@ -105,6 +107,14 @@ class DraftTree:
         return tree
 
     @staticmethod
+    def on_device(tokens: torch.Tensor, parents: Sequence[int], q=None, draws: str = IID, extra=None) -> "DraftTree":
+        """A tree whose topology the host knows and whose tokens (n,) stay where the drafter made them: nothing is
+        read to build it; the verifier feeds the tokens as they are and reads them with its one read."""
+        tree = DraftTree(tokens, torch.tensor(parents, dtype=torch.long), q, draws, extra)
+        tree._parents = list(parents)
+        return tree
+
+    @staticmethod
     def chain(tokens: torch.Tensor | Sequence[int], q: torch.Tensor | None = None, device=None) -> "DraftTree":
         if isinstance(tokens, torch.Tensor):
             device = tokens.device if device is None else device
@@ -137,7 +147,7 @@ class DraftTree:
                                  f"node (0..{i - 1}) or be -1 for the root")
             children[par + 1].append(i + 1)
             depth[i + 1] = depth[par + 1] + 1
-        if self._tokens is None and self.tokens.device.type == "cpu":  # free on the host; a device tree is
+        if self._tokens is None and sync.is_host(self.tokens.device):  # free on the host; a device tree is
             self._tokens = self.tokens.tolist()  # read once, with the acceptance rule's one read
         if vocab_size is not None and self._tokens is not None and self._tokens \
                 and not (0 <= min(self._tokens) and max(self._tokens) < vocab_size):

@@ -39,7 +39,7 @@ from draftkit.verify.decode import GenerationOutput, as_prompt, check_room, eos_
 from draftkit.verify.forward import Verifier, bucket, static_verifier
 from draftkit.verify.stats import DecodeStats, StepStats
 from draftkit.verify.step import SHARED, Piece, StepInputs, read_walks, walk_tree
-from draftkit.verify.timing import clock_for
+from draftkit.verify.timing import Carry, clock_for
 
 __all__ = ["SHARED", "Lane", "PackedOutput", "generate_packed", "kv_entries_independent", "static_capacity"]
 
@@ -97,28 +97,29 @@ def _state(lane: Lane, ver: Verifier, sampling: Sampling, max_new_tokens: int, d
                        None if sampling.greedy else sampling, draws), given
 
 
-def _proposals(live: list[Lane], states: list[DecodeState | None], groups, clock) -> tuple[list, list[float]]:
-    """Each live lane's tree (empty for a None state) and its drafting seconds. Lanes whose drafters draft as
-    a group (contract.lane_groups) propose together, each charged an equal share of the group's time."""
+def _proposals(live: list[Lane], states: list[DecodeState | None], groups, clock) -> tuple[list, list]:
+    """Each live lane's tree (empty for a None state) and its drafting span: (start stamp, end stamp, lanes that
+    share it), read into seconds after the step's read. Lanes whose drafters draft as a group
+    (contract.lane_groups) propose together, each charged an equal share of the group's time."""
     trees: list[DraftTree | None] = [None] * len(live)
-    seconds = [0.0] * len(live)
+    spans: list = [None] * len(live)
     where = {ln.index: i for i, ln in enumerate(live)}
     for members, group in groups:
         at = [where.get(m) for m in members]  # None: a lane that is done
         asked = [i for i in at if i is not None and states[i] is not None]
         if not asked:
             continue
-        t0 = clock.now()
+        t0 = clock.stamp()
         out = group.propose([None if i is None else states[i] for i in at])
-        share = (clock.now() - t0) / len(asked)
+        span = (t0, clock.stamp(), len(asked))
         for i in asked:
-            trees[i], seconds[i] = out[at.index(i)], share
+            trees[i], spans[i] = out[at.index(i)], span
     for i, (ln, state) in enumerate(zip(live, states)):
         if trees[i] is None:
-            t0 = clock.now()
+            t0 = clock.stamp()
             trees[i] = ln.drafter.propose(state) if state is not None else DraftTree.empty()
-            seconds[i] = clock.now() - t0
-    return trees, seconds
+            spans[i] = (t0, clock.stamp(), 1)
+    return trees, spans
 
 
 def _checked(lane: Lane, tree: DraftTree, ver: Verifier, vocab: int):
@@ -132,12 +133,13 @@ def _checked(lane: Lane, tree: DraftTree, ver: Verifier, vocab: int):
 
 
 def _verify(ver: Verifier, lanes: list[Lane], trees: list[DraftTree], roots: list[int] | None, sampling, gen,
-            layers, logits_to_keep=None, checks=None, prefill=False):
+            layers, clock, logits_to_keep=None, checks=None, prefill=False):
     """One forward over the lanes' pending tokens and trees, the acceptance walks, ONE read. `roots`: the
     logits row of each lane's root when lanes share a piece (best-of-N's prefill); None: one piece per lane.
     checks: per lane, its ConstrainedStep (trees are then their forward trees) or None. prefill: the lanes' first
     forward (Verifier.run)
-    Returns (step, logits, hidden, walks, results, top1 of every row)."""
+    Returns (step, logits, hidden, walks, results, top1 of every row, a stamp taken just before the read: every
+    stamp before it is complete once the read returns)."""
     shared = roots is not None
     pieces = [Piece(SHARED, 0, lanes[0].pending, trees[0])] if shared else \
         [Piece(ln.index, ln.position, ln.pending, tree) for ln, tree in zip(lanes, trees)]
@@ -156,8 +158,9 @@ def _verify(ver: Verifier, lanes: list[Lane], trees: list[DraftTree], roots: lis
             walks.append(checks[i].walk(logits[r:r + n + 1], sampling, gen, width))
         else:
             walks.append(walk_tree(tree, logits[r:r + n + 1], sampling, gen, topo, anc, width, top1[r:r + n + 1]))
+    read_at = clock.stamp()
     results, top1 = read_walks(walks, top1)  # the step's one read
-    return step, logits, hidden, walks, results, top1
+    return step, logits, hidden, walks, results, top1, read_at
 
 
 def static_capacity(stored: int, lanes: int, max_new_tokens: int, widest: int) -> int:
@@ -213,6 +216,7 @@ def generate_packed(model, prompts, drafters, max_new_tokens: int = 64, sampling
     draws = drafter_generator(seed, model.device)  # the drafter's stream
     layers = tuple(sorted({i for d in drafters for i in getattr(d, "hidden_layers", ())}))
     clock = clock_for(model)
+    carry = Carry(clock)  # what was stamped after a read, settled at the next one
     lanes = []
     for i, (d, pol, p) in enumerate(zip(drafters, policies, prompts)):
         buf = torch.empty(p.numel() + max_new_tokens + deepest + 1, dtype=torch.long, device=model.device)
@@ -225,20 +229,23 @@ def generate_packed(model, prompts, drafters, max_new_tokens: int = 64, sampling
 
     # prefill: the shared prompt once, or each lane's prompt on its own (no lane sees another's)
     for group in [lanes] if shared_prompt else [[lane] for lane in lanes]:
-        t0 = clock.now()
+        t0 = clock.stamp()
         m = group[0].prompt.numel()
         empty = [DraftTree.empty().validate() for _ in group]
         checks = [ln.constraint.prepare(e, ln.prompt) if ln.constraint else None for ln, e in zip(group, empty)]
-        step, logits, hidden, walks, results, _ = _verify(ver, group, empty, [m - 1] * len(group) if shared_prompt
-                                                          else None, sampling, gen, layers, logits_to_keep=1,
-                                                          checks=checks, prefill=True)
+        step, logits, hidden, walks, results, _, read_at = _verify(
+            ver, group, empty, [m - 1] * len(group) if shared_prompt else None, sampling, gen, layers, clock,
+            logits_to_keep=1, checks=checks, prefill=True)
+        prefill_s = clock.seconds(t0, read_at)
+        c0 = clock.stamp()
         keep = torch.arange(m, device=model.device)
         ver.commit_rows(step, keep, list(range(m)))
+        carry.verify_span(c0, clock.stamp())
         for ln, w, (_, _, first) in zip(group, walks, results):
             _commit(ln, [first], w, logits[-1:], None, max_new_tokens, eos, logprobs)
             forced = _jump_forward(ln, [first], max_new_tokens, eos)
             ln.position, ln.pending = m, [first] + forced
-            ln.stats.steps.append(StepStats(0, 0, 0, 1 + len(forced), 0.0, clock.now() - t0, prefill=True,
+            ln.stats.steps.append(StepStats(0, 0, 0, 1 + len(forced), 0.0, prefill_s, prefill=True,
                                             forced=len(forced)))
             if not ln.done:
                 sel = _pick(hidden, layers, ln.drafter)
@@ -247,11 +254,13 @@ def generate_packed(model, prompts, drafters, max_new_tokens: int = 64, sampling
             else:
                 ver.release(ln.index)
 
+    last_live = lanes
     while True:
         live = ver.in_row_order([ln for ln in lanes if not ln.done])
         if not live:
             break
-        t0 = clock.now()
+        last_live = live
+        t0 = clock.stamp()
         planning = planner is not None and len(live) > 1  # the last lane alone goes by its own policy
         planned = planner.budgets([ln.policy for ln in live], [len(ln.pending) for ln in live],
                                   [max_new_tokens - ln.generated for ln in live],
@@ -259,17 +268,22 @@ def generate_packed(model, prompts, drafters, max_new_tokens: int = 64, sampling
             if planning else [None] * len(live)
         states, givens = zip(*[_state(ln, ver, sampling, max_new_tokens, draws, plan)
                                for ln, plan in zip(live, planned)])
-        budget_s = (clock.now() - t0) / len(live)
-        proposed, draft_s = _proposals(live, list(states), groups, clock)  # each lane's own drafting time
+        budgeted = clock.stamp()
+        proposed, spans = _proposals(live, list(states), groups, clock)  # each lane's own drafting span
         trees, checks = [], []
         for ln, tree in zip(live, proposed):
             tree, check = _checked(ln, tree, ver, vocab)
             trees.append(check.forward_tree if check else tree)  # without the nodes its grammar forbids
             checks.append(check)
-        draft_s = [s + budget_s for s in draft_s]
-        t1 = clock.now()
-        step, logits, hidden, walks, results, top1 = _verify(ver, live, trees, None, sampling, gen, layers,
-                                                             checks=checks)
+        t1 = clock.stamp()
+        step, logits, hidden, walks, results, top1, read_at = _verify(ver, live, trees, None, sampling, gen,
+                                                                      layers, clock, checks=checks)
+        # every stamp so far is complete (the read waited for it): read them now, with what the last step owes
+        budget_s = clock.seconds(t0, budgeted) / len(live)
+        draft_s = [budget_s + carry.take_draft(ln.index) + (clock.seconds(a, b) / n if a is not None else 0.0)
+                   for ln, (a, b, n) in zip(live, [sp or (None, None, 1) for sp in spans])]
+        verify_s = clock.seconds(t1, read_at) + carry.take_verify()
+        c0 = clock.stamp()
         keep, keep_host = [], []
         for i, (ln, (acc, _, _)) in enumerate(zip(live, results)):
             start, (_, first) = step.starts[i], step.rows(i)
@@ -277,7 +291,7 @@ def generate_packed(model, prompts, drafters, max_new_tokens: int = 64, sampling
             keep_host += list(range(start, first)) + [first + a for a in acc]
         keep = torch.cat(keep)
         ver.commit_rows(step, keep, keep_host)
-        verify_s = clock.now() - t1
+        carry.verify_span(c0, clock.stamp())  # the commit: part of the next step's verify time
         if planning:
             planner.observe(step.q, verify_s)  # rows: the padded (lanes, width) batch is what the forward ran
         kept = 0
@@ -303,15 +317,16 @@ def generate_packed(model, prompts, drafters, max_new_tokens: int = 64, sampling
                 ln.stats.steps[-1].drafted, ln.stats.steps[-1].pruned = len(trees[i]), check.pruned
             ln.position += m + len(acc)
             sel = _pick(hidden, layers, ln.drafter, own)
-            t2 = clock.now()
+            t2 = clock.stamp()
             ln.drafter.update(StepResult(ln.buf[T:T + len(new) + len(forced)], step.ids[own], sel, rows, tree, acc,
                                          top1=row_top1, new_token_ids=new + forced, forced=len(forced)))
-            ln.stats.steps[-1].draft_s += clock.now() - t2
+            carry.draft_span(ln.index, t2, clock.stamp())  # the update: part of this lane's next drafting time
             if ln.done:  # the drafter saw its last tokens; nothing more to feed
                 ver.release(ln.index)
                 continue
             ln.policy.observe(ln.stats.steps[-1], len(ln.tokens))
             ln.pending = new[-1:] + forced  # the bonus, then the tokens the grammar forced: fed next
+    _settle(carry, lanes, last_live)
     outs = []
     for ln in lanes:
         ln.stats.grammar_complete = ln.constraint.grammar_complete if ln.constraint else None
@@ -324,6 +339,17 @@ def generate_packed(model, prompts, drafters, max_new_tokens: int = 64, sampling
     logps = [[float(x) for x in sync.to_host(torch.cat(ln.logp))] if ln.logp else [] for ln in lanes]
     return PackedOutput(outs, logps, committed, ver.peak_entries, ver.kv.nbytes(), ver.kv.used_bytes(committed),
                         draft_kv, buffers)
+
+
+def _settle(carry: Carry, lanes: list[Lane], last_live: list[Lane]) -> None:
+    """The spans stamped after the last step's read, into the stats of the steps that made them (once per run: on
+    a device this may wait for the last updates)."""
+    for ln in lanes:
+        if ln.stats.steps:
+            ln.stats.steps[-1].draft_s += carry.take_draft(ln.index)
+    commit = carry.take_verify() / len(last_live)
+    for ln in last_live:
+        ln.stats.steps[-1].verify_s += commit
 
 
 def _pick(hidden, layers, drafter, rows: torch.Tensor | None = None):

@@ -17,6 +17,12 @@ import torch
 counts = {"upload": 0, "read": 0}
 
 
+def is_host(device) -> bool:
+    """True where tensors live in host memory: reading one waits for nothing. The one place the loop and the
+    drafters ask, so that a test can run the device code path on a CPU (eval/syncs.DeviceShim)."""
+    return torch.device(device).type == "cpu"
+
+
 def to_device(values: list[int], device) -> torch.Tensor:
     """(len(values),) long on `device`: one host-to-device copy."""
     counts["upload"] += 1
