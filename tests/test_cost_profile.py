@@ -19,3 +19,35 @@ def test_a_measured_cost_profile_is_said_once_and_then_read_from_the_cache(tmp_p
     with caplog.at_level(logging.WARNING, logger="draftkit"):
         again = CostProfile.for_model(model, 40)
     assert not caplog.records and again.ratios == first.ratios
+
+
+def test_a_static_or_compiled_run_is_priced_on_its_own_forward_path(tmp_path, monkeypatch):
+    """A static-shaped run (as compile=True runs, without compiling) with the auto budget: the profile is measured on the run's own static
+    verifier (saved apart from the eager one), the verifier is empty again for the run, and output is unchanged."""
+    import torch
+
+    import draftkit as dk
+    from draftkit.drafters.lookahead import LookaheadDrafter
+    from draftkit.verify import forward
+    from draftkit.verify.cost_profile import CostProfile
+    from draftkit.verify.packed import generate_packed
+    from tests.models import tiny_model
+
+    monkeypatch.setenv("DRAFTKIT_CACHE", str(tmp_path))
+    model = tiny_model("llama")
+    measured_on = []
+    real = CostProfile.measure.__func__
+    monkeypatch.setattr(CostProfile, "measure", classmethod(
+        lambda cls, m, ctx, verifier=None, **kw: measured_on.append(verifier) or real(cls, m, ctx, verifier=verifier,
+                                                                                      **kw)))
+    prompt = torch.tensor([1, 2, 3, 4] * 6)
+    plain = dk.generate(model, prompt, max_new_tokens=24, eos_token_id=[]).tokens
+    drafter = LookaheadDrafter()
+    out = generate_packed(model, [prompt], [drafter], max_new_tokens=24, eos_token_id=[], static=True).outputs[0]
+    assert torch.equal(out.tokens, plain)
+    static = model._draftkit_static
+    assert measured_on == [static] and drafter._auto_budget.profile.path == "static"
+    eager = dk.generate(model, prompt, LookaheadDrafter(), max_new_tokens=24, eos_token_id=[])
+    assert torch.equal(eager.tokens, plain) and measured_on[-1] is None  # its own (eager) profile
+    assert len(list((tmp_path / "cost").glob("*.json"))) == 2
+    assert forward.static_verifier(model, 8) is static  # the run's buffer, kept for the next run

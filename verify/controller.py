@@ -55,7 +55,7 @@ import time
 from dataclasses import dataclass, field
 
 from draftkit.verify.contract import Budget
-from draftkit.verify.cost_profile import CostProfile, context_bucket
+from draftkit.verify.cost_profile import CostProfile, context_bucket, path_of
 from draftkit.verify.stats import StepStats
 
 PROBE_WAIT_MAX = 32  # plain steps between probes at most, while probes keep losing: a probe (one level, two
@@ -198,6 +198,7 @@ class AutoBudget:
         self.model, self.cap = model, cap
         self.profile = profile
         self.cache_profile = cache_profile
+        self.verifier = None  # the run's static verifier (price_on): its path's profile, else the eager one
         self.nodes_per_depth = cap.max_nodes / max(cap.max_depth, 1)
         self.acceptance = AcceptanceModel(max(cap.max_depth, 1))
         self.draft_cost = DraftCost()  # measured drafting seconds per step, by depth
@@ -224,11 +225,18 @@ class AutoBudget:
         self.choices: list[tuple[int, int]] = []  # (depth, nodes) given per step, for reports
         self.predicted: list[tuple[float, float]] = []  # (expected committed, expected seconds) per step
 
+    def price_on(self, verifier) -> None:
+        """Price this run's steps on the forward path `verifier` runs (static or compiled: the profile is measured
+        on it while it is still empty; eager: the dynamic verifier's profile)."""
+        self.verifier = verifier if verifier.static else None
+
     def start(self, prompt_len: int) -> None:
         self._lanes, self._observed_at, self._idle_plan = 1, None, None
         self._first = True  # the sequence's first drafted step is still to come: it catches up on the prompt
-        if self.profile is None or context_bucket(prompt_len) != self.profile.context:
-            self.profile = CostProfile.for_model(self.model, prompt_len, cache=self.cache_profile)
+        path = path_of(self.verifier)
+        if self.profile is None or context_bucket(prompt_len) != self.profile.context or path != self.profile.path:
+            self.profile = CostProfile.for_model(self.model, prompt_len, cache=self.cache_profile,
+                                                 verifier=self.verifier)
 
     def nodes(self, depth: int, chain: bool = False) -> int:
         return depth if chain else min(self.cap.max_nodes, max(depth, round(self.nodes_per_depth * depth)))

@@ -1,6 +1,12 @@
 """The target's verify cost curve on this machine: c(n), the seconds of a forward over the root and n draft
-nodes against a plain step, measured once per machine + model + context bucket and saved under
-~/.cache/draftkit/cost/ (the controller, verify/controller.py, prices every node with it)."""
+nodes against a plain step, measured once per machine + model + context bucket + forward path and saved under
+~/.cache/draftkit/cost/ (the controller, verify/controller.py, prices every node with it).
+
+The path is the forward a run verifies with: "eager" (the dynamic verifier), "static" (static shapes) or
+"compiled" (static shapes through torch.compile: CUDA graphs on a GPU). Their curves differ (a compiled plain
+step is cheaper, padding to buckets makes sizes within a bucket cost alike), so a run is priced on its own path:
+a static or compiled run's profile is measured on that run's own verifier (its buffers, hence its compiled
+graphs, which the run then reuses)."""
 from __future__ import annotations
 
 import hashlib
@@ -34,6 +40,13 @@ def model_key(model) -> str:
     return f"{name}|{params}|{model.dtype}|{model.device}"
 
 
+def path_of(verifier) -> str:
+    """The forward path a verifier runs: eager (None or dynamic), static or compiled."""
+    if verifier is None or not verifier.static:
+        return "eager"
+    return "compiled" if verifier.compile else "static"
+
+
 def context_bucket(n: int) -> int:
     """Contexts are profiled at powers of two (128, 256, 512, ...)."""
     return max(128, 1 << max(0, (n - 1)).bit_length())
@@ -51,6 +64,7 @@ class CostProfile:
     sizes: list[int]
     ratios: list[float]
     context: int = 0
+    path: str = "eager"  # the forward path measured: eager, static or compiled (module docstring)
     key: str = ""
     measured_at: float = 0.0  # unix time; profiles older than PROFILE_TTL_S are measured again
 
@@ -67,13 +81,17 @@ class CostProfile:
 
     @classmethod
     @torch.no_grad()
-    def measure(cls, model, context: int, sizes=PROFILE_SIZES, reps: int = 5) -> "CostProfile":
-        """A few forwards at `context` tokens: the median of `reps` timings per tree size."""
+    def measure(cls, model, context: int, sizes=PROFILE_SIZES, reps: int = 5, verifier=None) -> "CostProfile":
+        """A few forwards at `context` tokens: the minimum of `reps` timings per tree size. verifier: an empty
+        static verifier to measure on (its path; emptied again after), else a fresh eager one."""
         from draftkit.verify.contract import DraftTree
         from draftkit.verify.forward import Verifier, probe_tree_attention
         from draftkit.verify.timing import clock_for
 
-        ver = Verifier(model, capacity=context + max(sizes) + 2)
+        need = context + max(sizes) + 2
+        ver = verifier if verifier is not None else Verifier(model, capacity=need)
+        if ver.kv.capacity < need:
+            raise ValueError(f"a {ver.kv.capacity}-entry verifier cannot time trees at context {context}")
         vocab = ver.vocab_size
         ids = torch.randint(0, vocab, (context,), generator=torch.Generator().manual_seed(0)).to(model.device)
         ver.forward(ids, DraftTree.empty(model.device).validate())
@@ -95,19 +113,29 @@ class CostProfile:
                 if rep:  # the first round warms up
                     times[i].append(clock.now() - t0)
                 ver.kv.drop_pending()  # the same context every time
+        if verifier is not None:
+            ver.reset()  # the run starts on an empty buffer
         plain, *rest = (min(t) for t in times)  # other processes only ever add time: the minimum is the cost
         ratios = [max(1.0, t / plain) for t in rest]
         # a longer tree never costs less: keep the curve monotone against timing noise
         for i in range(1, len(ratios)):
             ratios[i] = max(ratios[i], ratios[i - 1])
-        return cls(plain, list(sizes), ratios, context)
+        return cls(plain, list(sizes), ratios, context, path_of(verifier))
 
     @classmethod
-    def for_model(cls, model, context: int, cache: bool = True, refresh: bool = False) -> "CostProfile":
-        """The saved profile for this machine + model + context bucket, measured and saved if absent
-        (or when `refresh`: a benchmark about to start)."""
+    def for_model(cls, model, context: int, cache: bool = True, refresh: bool = False,
+                  verifier=None) -> "CostProfile":
+        """The saved profile for this machine + model + context bucket + path, measured and saved if absent
+        (or when `refresh`: a benchmark about to start). verifier: the run's static verifier, empty: the profile
+        of its path, measured on it (at the largest context bucket it has room for)."""
         bucket = context_bucket(context)
-        key = f"{machine_key(model.device)}|{model_key(model)}|ctx{bucket}"
+        path = path_of(verifier)
+        if verifier is not None:
+            while bucket > 128 and bucket + max(PROFILE_SIZES) + 2 > verifier.kv.capacity:
+                bucket //= 2
+            if bucket + max(PROFILE_SIZES) + 2 > verifier.kv.capacity:
+                verifier, path = None, "eager"  # too small a buffer to time trees on: the eager curve
+        key = f"{machine_key(model.device)}|{model_key(model)}|ctx{bucket}" + ("" if path == "eager" else f"|{path}")
         path = _cache_dir() / (hashlib.sha256(key.encode()).hexdigest()[:20] + ".json")
         if cache and path.exists() and not refresh:
             try:
@@ -117,12 +145,12 @@ class CostProfile:
             except (ValueError, TypeError):
                 pass  # a damaged file: measure again
         t0 = time.perf_counter()
-        prof = cls.measure(model, bucket)
+        prof = cls.measure(model, bucket, verifier=verifier)
         prof.key, prof.measured_at = key, time.time()
         # the one time a call pays for it: said, so that a first call's time is not read as decoding speed
         logging.getLogger("draftkit").warning(
-            "draftkit: measured this model's verify cost curve at context %d once (%.1f s)%s", bucket,
-            time.perf_counter() - t0, f"; saved under {path.parent} for later calls" if cache else "")
+            "draftkit: measured this model's verify cost curve (%s forward) at context %d once (%.1f s)%s", path,
+            bucket, time.perf_counter() - t0, f"; saved under {path.parent} for later calls" if cache else "")
         if cache:
             path.parent.mkdir(parents=True, exist_ok=True)
             tmp = path.with_suffix(".tmp")

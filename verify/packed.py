@@ -206,6 +206,9 @@ def generate_packed(model, prompts, drafters, max_new_tokens: int = 64, sampling
         ver = Verifier(model, capacity=max(p.numel() for p in prompts) + max_new_tokens + widest + 2, lanes=n)
     for p in prompts:
         check_room(ver, p.numel(), max_new_tokens)
+    for pol in policies:  # a cost-aware policy prices steps on this run's forward path (verify/cost_profile.py)
+        if hasattr(pol, "price_on"):
+            pol.price_on(ver)
     planner = BatchPlanner.over(policies, ver.rows)  # the lanes' budgets chosen together (verify/batch_plan.py)
     eos = eos_set(model, eos_token_id)
     constraints = [make_constraint(logits_processor, grammar, tokenizer, vocab, eos, jump_forward) for _ in drafters]
