@@ -192,3 +192,22 @@ def test_rows_layout_prices_a_step_by_its_widest_lane():
     assert width == 5 and rate >= max(planner.rate_rows(models, [a, b], [1, 1]) for a in range(5) for b in range(5))
     packed = plan(policies, planner=BatchPlanner(policies))  # packed: every node is a row of its own
     assert packed[1].max_depth < 4
+
+
+@pytest.mark.parametrize("rows", [False, True])
+def test_a_plan_inside_the_drafting_margin_steps_plain(rows):
+    """As for one sequence (controller.DRAFT_MARGIN): lanes whose best plan beats all-plain by about 1% by the
+    model step plain; by about 10%, they draft."""
+    from draftkit.verify.controller import DRAFT_MARGIN
+
+    def budgets(rate):  # 4 rows of forward cost 1.15 plain steps, 8 rows 1.35
+        policies = [lane(curve(0.01, lambda n: 1.0 + 0.2 * n / 4), rate, cap=Budget(1, 1)) for _ in range(4)]
+        planner = BatchPlanner(policies, rows=rows)
+        models = planner.lane_models(policies, [64] * 4, [1.0] * 4)
+        gain = planner.rate(models, [1] * 4, 4) / planner.rate(models, [0] * 4, 4) - 1
+        return gain, [b.max_depth for b in plan(policies, planner=planner)]
+
+    gain, depths = budgets(0.20)
+    assert 0 < gain < DRAFT_MARGIN and depths == [0] * 4, (gain, depths)
+    gain, depths = budgets(0.35)
+    assert gain > DRAFT_MARGIN and depths == [1] * 4, (gain, depths)

@@ -26,7 +26,8 @@ lanes alike (or continuous batching, where every token counts) every w_i is 1.
 The plan maximizes sum_i w_i E_i / T (Dinkelbach): for a throughput guess lam, each lane alone maximizes
 w_i E_i(D) - lam * (f'(q) N_i(D) + draft_i(D)), with f linearized at the previous guess's q; lam <- the
 objective of that choice. The best choice of a few rounds, all-plain included, is kept, so the plan is never
-worse than plain decoding by its own model.
+worse than plain decoding by its own model; and, as for one sequence, a plan that beats all-plain by less than
+DRAFT_MARGIN is no gain (the best of several estimated rates is biased upward): the lanes then step plain.
 
 In the rows layout (a KV row per lane, verify/forward.py) the forward is a (L, width) batch: it costs
 f(L * width), width = max_i (pending_i + N_i), and a lane's nodes are free up to the widest lane's rows. The plan
@@ -36,7 +37,7 @@ w_i E_i - lam * draft_i, lam the best rate so far), and the width of the best ra
 from __future__ import annotations
 
 from draftkit.verify.contract import Budget
-from draftkit.verify.controller import AutoBudget, DecayedLine
+from draftkit.verify.controller import DRAFT_MARGIN, AutoBudget, DecayedLine
 
 ROUNDS = 4  # Dinkelbach rounds per step (converges in 2-3; each is L x depth evaluations)
 MIN_FIT_STEPS = 4  # steps (decayed count) before the fitted line replaces the scaled profile
@@ -128,7 +129,7 @@ class BatchPlanner:
             if abs(rate - lam) <= 1e-6 * lam:
                 break
             lam = rate
-        return best, best_rate
+        return _with_margin(best, best_rate, plain, self.rate(lanes, plain, base_q))
 
     def plan_rows(self, lanes: list["_LaneModel"], pending: list[int]) -> tuple[list[int], float, int]:
         """The rows layout's plan (module notes): (each lane's option, the rate, the width)."""
@@ -143,6 +144,7 @@ class BatchPlanner:
                 rate = self.rate_rows(lanes, options, pending)
                 if rate > best_rate:
                     best, best_rate, best_width = options, rate, width
+        best, best_rate = _with_margin(best, best_rate, plain, self.rate_rows(lanes, plain, pending))
         return best, best_rate, max(m + ln.nodes[o] for ln, o, m in zip(lanes, best, pending))
 
     def rate_rows(self, lanes: list["_LaneModel"], options: list[int], pending: list[int]) -> float:
@@ -162,6 +164,13 @@ class BatchPlanner:
         q = base_q + sum(ln.nodes[d] for ln, d in zip(lanes, depths))
         seconds = self.forward_s(q) + sum(ln.draft[d] for ln, d in zip(lanes, depths))
         return sum(ln.weight * ln.gains[d] for ln, d in zip(lanes, depths)) / seconds
+
+
+def _with_margin(best: list[int], best_rate: float, plain: list[int], plain_rate: float) -> tuple[list[int], float]:
+    """The plan, or all-plain where the plan's gain lies inside the estimates' own error (DRAFT_MARGIN)."""
+    if best_rate < (1 + DRAFT_MARGIN) * plain_rate:
+        return plain, plain_rate
+    return best, best_rate
 
 
 class _LaneModel:

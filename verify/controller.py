@@ -71,7 +71,7 @@ CHAIN_AFTER = 4.0  # tree steps (decayed count) whose first children were seen b
 DRAFT_MARGIN = 0.03  # drafting must beat a plain step by 3% in the model: the best of several estimated rates is
 # biased upward (each carries the noise of a few decayed observations), and a drafter that barely paid on paper
 # lost 2.5-4.4% of plain sampling in practice (Medusa on prose at T = 0.8, two paired runs of eval/bench_silent.py).
-# The batch planner (verify/batch_plan.py) plans with its own objective and has no margin yet
+# The batch planner (verify/batch_plan.py) holds its plans to the same margin over all-plain
 REALIZED_KEEP = 0.95  # memory of each shape's realized rate: about 20 drafted steps
 
 
