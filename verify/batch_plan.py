@@ -134,7 +134,7 @@ class BatchPlanner:
     def plan_rows(self, lanes: list["_LaneModel"], pending: list[int]) -> tuple[list[int], float, int]:
         """The rows layout's plan (module notes): (each lane's option, the rate, the width)."""
         plain = [0] * len(lanes)
-        best, best_rate, best_width = plain, self.rate_rows(lanes, plain, pending), max(pending)
+        best, best_rate = plain, self.rate_rows(lanes, plain, pending)
         widest = max(m + max(ln.nodes) for ln, m in zip(lanes, pending))
         for _ in range(2):  # the lanes' choices within a width depend on lam, the best rate so far
             lam = best_rate
@@ -143,7 +143,7 @@ class BatchPlanner:
                 options = [fit[width - m] for fit, m in zip(fits, pending)]
                 rate = self.rate_rows(lanes, options, pending)
                 if rate > best_rate:
-                    best, best_rate, best_width = options, rate, width
+                    best, best_rate = options, rate
         best, best_rate = _with_margin(best, best_rate, plain, self.rate_rows(lanes, plain, pending))
         return best, best_rate, max(m + ln.nodes[o] for ln, o, m in zip(lanes, best, pending))
 
