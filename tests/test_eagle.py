@@ -189,7 +189,8 @@ def _exact_joint(target, prompt):
     return (p1[:, None, None] * p2[:, :, None] * p3).sum(0)
 
 
-@pytest.mark.parametrize("chain", [False, True])
+# the chain (slow): sampled chains are covered in tests/test_accept.py and tests/test_decode.py
+@pytest.mark.parametrize("chain", [False, pytest.param(True, marks=pytest.mark.slow)])
 def test_sampling_is_lossless(chain):
     """The 1st token comes from the prefill; with 4 new tokens the first draft step is a depth-2 tree
     (or chain) that decides the 2nd and 3rd. Their empirical joint over N seeds must match the exact

@@ -89,7 +89,8 @@ def test_d2t_offsets_map_every_draft_id():
     torch.testing.assert_close(d1.logits(f, target.lm_head)[:, t2d], target.lm_head(f)[:, t2d])
 
 
-@pytest.mark.parametrize("chain", [True, False])
+# the chain (slow): sampled chains are covered in tests/test_accept.py and tests/test_decode.py
+@pytest.mark.parametrize("chain", [pytest.param(True, marks=pytest.mark.slow), False])
 def test_reduced_vocabulary_sampling_is_lossless(chain):
     """q lives on the draft vocabulary (zero elsewhere); the target's own tokens outside it must still come out
     at their exact rate. As tests/test_eagle.py: the empirical joint of the 2nd and 3rd generated tokens."""

@@ -188,7 +188,9 @@ def test_only_drafters_of_one_draft_and_settings_draft_together(target2):
     assert sorted(idx for idx, _ in groups) == [[0, 3, 4], [2, 5]]
 
 
-@pytest.mark.parametrize("kind", ["eagle-tree", "standalone-tree", "dflash-tree", "peagle-tree", "medusa-tree"])
+# P-EAGLE's lanes are EAGLE's (drafters/eagle_lanes.py): slow; its sampling alone is in tests/test_peagle.py
+@pytest.mark.parametrize("kind", ["eagle-tree", "standalone-tree", "dflash-tree", pytest.param("peagle-tree", marks=pytest.mark.slow),
+                                  "medusa-tree"])
 def test_sampled_lanes_are_lossless(kind):
     """Four lanes of one prompt, sampled at temperature 1: the 2nd and 3rd tokens of every lane (decided by one
     depth-2 tree drafted with the other lanes' in one forward per level) follow the target's exact joint."""
