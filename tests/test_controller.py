@@ -179,7 +179,7 @@ def _stubbed_profiles(monkeypatch, profile):
 
     calls = []
 
-    def for_model(model, context, cache=True, refresh=False, verifier=None):
+    def for_model(model, context, cache=True, refresh=False, verifier=None, max_nodes=None):
         calls.append(refresh)
         return profile
 

@@ -38,8 +38,8 @@ def test_a_static_or_compiled_run_is_priced_on_its_own_forward_path(tmp_path, mo
     measured_on = []
     real = CostProfile.measure.__func__
     monkeypatch.setattr(CostProfile, "measure", classmethod(
-        lambda cls, m, ctx, verifier=None, **kw: measured_on.append(verifier) or real(cls, m, ctx, verifier=verifier,
-                                                                                      **kw)))
+        lambda cls, m, ctx, *a, verifier=None, **kw: measured_on.append(verifier) or real(cls, m, ctx, *a,
+                                                                                          verifier=verifier, **kw)))
     prompt = torch.tensor([1, 2, 3, 4] * 6)
     plain = dk.generate(model, prompt, max_new_tokens=24, eos_token_id=[]).tokens
     drafter = LookaheadDrafter()
@@ -47,6 +47,9 @@ def test_a_static_or_compiled_run_is_priced_on_its_own_forward_path(tmp_path, mo
     assert torch.equal(out.tokens, plain)
     static = model._draftkit_static
     assert measured_on == [static] and drafter._auto_budget.profile.path == "static"
+    cap = drafter.budget_cap.max_nodes  # only the sizes (buckets) the run can use, up to the first holding its cap
+    sizes = drafter._auto_budget.profile.sizes
+    assert sizes[-1] >= cap and (len(sizes) == 2 or sizes[-2] < cap), (sizes, cap)
     eager = dk.generate(model, prompt, LookaheadDrafter(), max_new_tokens=24, eos_token_id=[])
     assert torch.equal(eager.tokens, plain) and measured_on[-1] is None  # its own (eager) profile
     assert len(list((tmp_path / "cost").glob("*.json"))) == 2

@@ -236,7 +236,7 @@ class AutoBudget:
         path = path_of(self.verifier)
         if self.profile is None or context_bucket(prompt_len) != self.profile.context or path != self.profile.path:
             self.profile = CostProfile.for_model(self.model, prompt_len, cache=self.cache_profile,
-                                                 verifier=self.verifier)
+                                                 verifier=self.verifier, max_nodes=self.cap.max_nodes)
 
     def nodes(self, depth: int, chain: bool = False) -> int:
         return depth if chain else min(self.cap.max_nodes, max(depth, round(self.nodes_per_depth * depth)))

@@ -123,19 +123,25 @@ class CostProfile:
         return cls(plain, list(sizes), ratios, context, path_of(verifier))
 
     @classmethod
-    def for_model(cls, model, context: int, cache: bool = True, refresh: bool = False,
-                  verifier=None) -> "CostProfile":
+    def for_model(cls, model, context: int, cache: bool = True, refresh: bool = False, verifier=None,
+                  max_nodes: int | None = None) -> "CostProfile":
         """The saved profile for this machine + model + context bucket + path, measured and saved if absent
         (or when `refresh`: a benchmark about to start). verifier: the run's static verifier, empty: the profile
-        of its path, measured on it (at the largest context bucket it has room for)."""
+        of its path, measured on it (at the largest context bucket it has room for), at the sizes up to the first
+        that holds `max_nodes` (each size a bucket the compiled path compiles: none the run would not use; c(n)
+        is extrapolated past the last)."""
         bucket = context_bucket(context)
         path = path_of(verifier)
+        sizes = PROFILE_SIZES
         if verifier is not None:
-            while bucket > 128 and bucket + max(PROFILE_SIZES) + 2 > verifier.kv.capacity:
+            reach = next((n for n in PROFILE_SIZES if n >= (max_nodes or PROFILE_SIZES[-1])), PROFILE_SIZES[-1])
+            sizes = tuple(n for n in PROFILE_SIZES if n <= max(reach, 2))
+            while bucket > 128 and bucket + max(sizes) + 2 > verifier.kv.capacity:
                 bucket //= 2
-            if bucket + max(PROFILE_SIZES) + 2 > verifier.kv.capacity:
-                verifier, path = None, "eager"  # too small a buffer to time trees on: the eager curve
-        key = f"{machine_key(model.device)}|{model_key(model)}|ctx{bucket}" + ("" if path == "eager" else f"|{path}")
+            if bucket + max(sizes) + 2 > verifier.kv.capacity:
+                verifier, path, sizes = None, "eager", PROFILE_SIZES  # no room to time trees: the eager curve
+        key = f"{machine_key(model.device)}|{model_key(model)}|ctx{bucket}" + \
+            ("" if path == "eager" else f"|{path}|n{max(sizes)}")
         path = _cache_dir() / (hashlib.sha256(key.encode()).hexdigest()[:20] + ".json")
         if cache and path.exists() and not refresh:
             try:
@@ -145,7 +151,7 @@ class CostProfile:
             except (ValueError, TypeError):
                 pass  # a damaged file: measure again
         t0 = time.perf_counter()
-        prof = cls.measure(model, bucket, verifier=verifier)
+        prof = cls.measure(model, bucket, sizes, verifier=verifier)
         prof.key, prof.measured_at = key, time.time()
         # the one time a call pays for it: said, so that a first call's time is not read as decoding speed
         logging.getLogger("draftkit").warning(
