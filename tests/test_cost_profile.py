@@ -14,7 +14,9 @@ def test_a_measured_cost_profile_is_said_once_and_then_read_from_the_cache(tmp_p
     model = tiny_model("llama")
     with caplog.at_level(logging.WARNING, logger="draftkit"):
         first = CostProfile.for_model(model, 40)
-    assert len(caplog.records) == 1 and "verify cost curve" in caplog.records[0].getMessage()
+    message = caplog.records[0].getMessage()
+    assert len(caplog.records) == 1 and "verify cost curve (eager forward) at context 128" in message
+    assert f"saved under {tmp_path / 'cost'}" in message
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="draftkit"):
         again = CostProfile.for_model(model, 40)

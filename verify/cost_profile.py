@@ -131,7 +131,7 @@ class CostProfile:
         that holds `max_nodes` (each size a bucket the compiled path compiles: none the run would not use; c(n)
         is extrapolated past the last)."""
         bucket = context_bucket(context)
-        path = path_of(verifier)
+        forward = path_of(verifier)
         sizes = PROFILE_SIZES
         if verifier is not None:
             reach = next((n for n in PROFILE_SIZES if n >= (max_nodes or PROFILE_SIZES[-1])), PROFILE_SIZES[-1])
@@ -139,13 +139,13 @@ class CostProfile:
             while bucket > 128 and bucket + max(sizes) + 2 > verifier.kv.capacity:
                 bucket //= 2
             if bucket + max(sizes) + 2 > verifier.kv.capacity:
-                verifier, path, sizes = None, "eager", PROFILE_SIZES  # no room to time trees: the eager curve
+                verifier, forward, sizes = None, "eager", PROFILE_SIZES  # no room to time trees: the eager curve
         key = f"{machine_key(model.device)}|{model_key(model)}|ctx{bucket}" + \
-            ("" if path == "eager" else f"|{path}|n{max(sizes)}")
-        path = _cache_dir() / (hashlib.sha256(key.encode()).hexdigest()[:20] + ".json")
-        if cache and path.exists() and not refresh:
+            ("" if forward == "eager" else f"|{forward}|n{max(sizes)}")
+        file = _cache_dir() / (hashlib.sha256(key.encode()).hexdigest()[:20] + ".json")
+        if cache and file.exists() and not refresh:
             try:
-                prof = cls(**json.loads(path.read_text()))
+                prof = cls(**json.loads(file.read_text()))
                 if time.time() - prof.measured_at < PROFILE_TTL_S:
                     return prof
             except (ValueError, TypeError):
@@ -155,11 +155,11 @@ class CostProfile:
         prof.key, prof.measured_at = key, time.time()
         # the one time a call pays for it: said, so that a first call's time is not read as decoding speed
         logging.getLogger("draftkit").warning(
-            "draftkit: measured this model's verify cost curve (%s forward) at context %d once (%.1f s)%s", path,
-            bucket, time.perf_counter() - t0, f"; saved under {path.parent} for later calls" if cache else "")
+            "draftkit: measured this model's verify cost curve (%s forward) at context %d once (%.1f s)%s",
+            forward, bucket, time.perf_counter() - t0, f"; saved under {file.parent} for later calls" if cache else "")
         if cache:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_suffix(".tmp")
+            file.parent.mkdir(parents=True, exist_ok=True)
+            tmp = file.with_suffix(".tmp")
             tmp.write_text(json.dumps(asdict(prof)))
-            tmp.replace(path)  # never a half-written profile
+            tmp.replace(file)  # never a half-written profile
         return prof
