@@ -179,6 +179,11 @@ def test_smollm2_decodes_losslessly_with_its_chat_template():
     ids = torch.tensor(templated(tok, [{"role": "user", "content": chat_rows()[40]["turns"][0]}]))
     plain = dk.generate(model, ids, None, 24).tokens.tolist()
     assert dk.generate(model, ids, SuffixDrafter(), 24, budget="fixed").tokens.tolist() == plain
+    # the EAGLE-3 draft shipped for it (zoo/smollm2-135m/eagle3), loaded by default, full budget every step
+    eagle3 = dk.make_drafter("eagle3", model)
+    assert eagle3.draft.config.draft_vocab_size == 8192
+    out = dk.generate(model, ids, eagle3, 24, budget="fixed")
+    assert out.tokens.tolist() == plain and out.stats.tau > 1.0
 
 
 def test_a_real_target_gets_its_own_drafts_or_a_one_line_error(tmp_path, monkeypatch):
