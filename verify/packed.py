@@ -283,8 +283,8 @@ def generate_packed(model, prompts, drafters, max_new_tokens: int = 64, sampling
                                                                       layers, clock, checks=checks)
         # every stamp so far is complete (the read waited for it): read them now, with what the last step owes
         budget_s = clock.seconds(t0, budgeted) / len(live)
-        draft_s = [budget_s + carry.take_draft(ln.index) + (clock.seconds(a, b) / n if a is not None else 0.0)
-                   for ln, (a, b, n) in zip(live, [sp or (None, None, 1) for sp in spans])]
+        draft_s = [budget_s + carry.take_draft(ln.index) + clock.seconds(a, b) / n  # every lane has its span
+                   for ln, (a, b, n) in zip(live, spans)]
         verify_s = clock.seconds(t1, read_at) + carry.take_verify()
         c0 = clock.stamp()
         keep, keep_host = [], []
