@@ -148,13 +148,8 @@ def topk_search(root_logits: torch.Tensor, depth: int, top_k: int, max_nodes: in
         depths.append(torch.full((k * top_k,), d + 1, device=dev))
         best = cand.flatten().topk(min(top_k, cand.numel()))
         frontier = first_new + best.indices
-    parts = (torch.cat(toks), torch.cat(pars), torch.cat(scores), torch.cat(depths), run)
-    flat = torch.cat([t.double() for t in parts]).tolist()  # the drafter's one read (ids are exact in float64)
-    host, at = [], 0
-    for i, t in enumerate(parts):
-        host.append(flat[at:at + t.numel()] if i == 2 else [int(x) for x in flat[at:at + t.numel()]])
-        at += t.numel()
-    return _select(*host, max_nodes, dev)
+    return select_on_device(torch.cat(toks), torch.cat(pars), torch.cat(scores), torch.cat(depths), run,
+                            max_nodes, depth, top_k)
 
 
 def sampled_search(root_logits: torch.Tensor, depth: int, top_k: int, max_nodes: int,
@@ -260,41 +255,46 @@ def sampled_search(root_logits: torch.Tensor, depth: int, top_k: int, max_nodes:
                                 dev, q=q, draws=WITHOUT_REPLACEMENT, extra=[row[i] for i in flat])
 
 
-def first_ranked_chain(pars, scores) -> list[int]:
-    """Node ids of the path that takes the best-scored child at every level (the chain the drafter drafts)."""
-    children: dict[int, list[int]] = {}
-    for i, p in enumerate(pars):
-        children.setdefault(p, []).append(i)
-    chain, at = [], -1
-    while at in children:
-        at = max(children[at], key=lambda i: scores[i])
-        chain.append(at)
-    return chain
+def select_on_device(toks, pars, scores, depths, run, total: int, max_depth: int, top_k: int) -> DraftTree:
+    """The top-k search's tree, chosen on the device (nothing read: the verifier reads it with its one read).
+    toks, pars (-1: the root), scores (cumulative log-probs), depths (N,) over every candidate node, run (E,) the
+    candidates run through the draft, in run order. Keeps the first-ranked chain (the best-scored child at every
+    level, the first of equal ones) and then the best candidates by (score, depth, index), min(total, N) in all.
+    Node order: the chain first (a fully accepted chain commits without moving KV entries), then the rest in that
+    order; so every node follows its parent and siblings come best first.
 
-
-def _select(toks, pars, scores, depths, run_order, total: int, device) -> DraftTree:
-    """The first-ranked chain (as deep as `total` allows), then the best nodes by score with every ancestor kept,
-    up to `total`, in topological order. Cumulative draft probabilities alone would drop the chain's deep nodes for
-    siblings near the root (a product of four 0.6s ranks below a 0.2 sibling), where the verifier passes the chain
-    far more often: measured on code with the EAGLE-2 draft, the tree's depth-4 acceptance was 0.21 against its own
-    chain's 0.56, and the tree committed fewer tokens per step than the chain. Keeping the chain makes a tree step
-    accept at least what a chain step of the same depth would."""
-    keep: set[int] = set(first_ranked_chain(pars, scores)[:total])
-    order = sorted(range(len(toks)), key=lambda i: (-scores[i], depths[i]))
-    for i in order:
-        if len(keep) >= total:
-            break
-        chain = []
-        while i >= 0 and i not in keep:
-            chain.append(i)
-            i = pars[i]
-        if len(keep) + len(chain) <= total:
-            keep.update(chain)
-    flat = depth_first(pars, sorted(keep, key=lambda i: -scores[i]))
-    index = {old: new for new, old in enumerate(flat)}
-    entry = {nid: e for e, nid in enumerate(run_order)}
-    return DraftTree.from_lists([toks[i] for i in flat], [index[pars[i]] if pars[i] >= 0 else -1 for i in flat],
-                                device, extra=[entry.get(i, -1) for i in flat])
+    Why the chain first: cumulative draft probabilities alone would drop the chain's deep nodes for siblings near
+    the root (a product of four 0.6s ranks below a 0.2 sibling), where the verifier passes the chain far more
+    often: measured on code with the EAGLE-2 draft, the tree's depth-4 acceptance was 0.21 against its own chain's
+    0.56. Why nothing else is needed to keep the tree whole: a child's score is its parent's plus a log-probability
+    (<= 0), so in that order every node comes after its ancestors and the best nodes include their ancestors."""
+    n_all, dev = toks.numel(), toks.device
+    total = min(total, n_all)
+    idx = torch.arange(n_all, device=dev)
+    key = scores.float().clamp_min(torch.finfo(torch.float32).min)  # -inf scores still rank among children
+    slot = pars + 1  # (N,) the parent's slot: 0 the root, i + 1 candidate i
+    top = torch.full((n_all + 1,), -torch.inf, device=dev).scatter_reduce(0, slot, key, "amax")
+    first = torch.full((n_all + 1,), n_all, device=dev).scatter_reduce(
+        0, slot, torch.where(key == top[slot], idx, n_all), "amin")
+    best = first[slot] == idx  # (N,) the best-scored child of its parent
+    chain = best & (pars < 0)
+    for _ in range(max_depth - 1):  # the chain grows one level per pass
+        chain = best & ((pars < 0) | chain[pars.clamp_min(0)])
+    chain &= depths <= total
+    order = depths.argsort(stable=True)
+    order = order[(-key[order]).argsort(stable=True)]  # by score, then depth, then index
+    rest = ~chain[order]
+    taken = rest & (rest.cumsum(0) <= total - chain.sum())  # in that order
+    place = torch.full((n_all,), n_all + 1, device=dev)
+    place[order] = torch.where(taken, idx, n_all + 1)
+    tree_order = torch.where(chain, depths - (max_depth + 1), place).argsort(stable=True)[:total]
+    where = torch.full((n_all,), -1, dtype=torch.long, device=dev)
+    where[tree_order] = torch.arange(total, device=dev)
+    entry = torch.full((n_all,), -1, dtype=torch.long, device=dev)
+    entry[run] = torch.arange(run.numel(), device=dev)  # a node's row in run order (-1: never ran)
+    parent = pars[tree_order]
+    return DraftTree.on_device_topology(toks[tree_order], torch.where(parent >= 0, where[parent.clamp_min(0)], -1),
+                                        depths[tree_order], max_depth, top_k, entry[tree_order])
 
 
 def depth_first(parents: list[int], best_first: list[int]) -> list[int]:

@@ -7,9 +7,10 @@ counting two runs of different lengths and dividing the difference by the differ
 
 The drafters' own transfers per step, as measured here (tests/test_syncs.py asserts the first four rows):
   plain, lookahead, prompt lookup, suffix      0 reads, 0 uploads (they learn from the host copies the loop reads)
-  standalone and EAGLE chains                  1 read (the chain's tokens, to build the tree on the host)
-  EAGLE-2 / standalone top-k trees (greedy)    1 read (the tree's tokens, parents and scores in one copy); the
-                                               standalone draft's KV rollback may upload its kept rows
+  standalone and EAGLE chains                  0 (the chain's tokens stay on the device: its topology is known)
+  EAGLE-2 / standalone top-k trees (greedy)    0 (the tree is chosen on the device; its topology comes back with
+                                               the step's read); the standalone draft's KV rollback may upload
+                                               its kept rows
   Medusa (greedy)                              0 (the tree stays on the device; its layout is uploaded once)
   sampled trees (standalone, EAGLE, Medusa)    about 2 reads and 2-5 uploads: the draws without replacement are
                                                laid out on the host level by level (drafters/tree_search.py)

@@ -289,6 +289,20 @@ def topology_from(tree: DraftTree, ints: torch.Tensor):
     return pslot, sib, depth, kids, ints[3 * n + len(slots) * width:]
 
 
+def device_topology(tree: DraftTree):
+    """topology_from's tensors for a tree whose topology is on the device (DraftTree.on_device_topology),
+    computed there: every slot gets a row of the draw table, max_children wide (slots without children test
+    nothing). Siblings are tested in node order, as a host tree's are."""
+    t, n = tree.device_topology, len(tree)
+    dev = t.parents.device
+    idx = torch.arange(n, device=dev)
+    pslot = t.parents + 1
+    sib = ((t.parents[None] == t.parents[:, None]) & (idx[None] < idx[:, None])).sum(1)  # earlier siblings
+    kids = torch.full((n + 1, max(t.max_children, 1)), -1, dtype=torch.long, device=dev)
+    kids[pslot, sib] = idx
+    return pslot, sib, t.depth, kids, torch.arange(n + 1, device=dev)
+
+
 def tree_topology(tree: DraftTree, dev):
     """tree_topology's tensors on `dev` in one upload (with the tree's tokens, when they are still on the host)."""
     from draftkit.verify import sync

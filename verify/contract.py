@@ -61,6 +61,19 @@ class SiblingDraws:
 
 
 @dataclass
+class DeviceTopology:
+    """A draft tree's topology on the device (DraftTree.on_device_topology): parents, depth (n,) long (root's
+    children at depth 1), the drafter's extra (n,) long or None; max_depth and max_children bound the tree
+    (the host sizes the step's layout and acceptance tables from them)."""
+
+    parents: torch.Tensor
+    depth: torch.Tensor
+    max_depth: int
+    max_children: int
+    extra: torch.Tensor | None = None
+
+
+@dataclass
 class DraftTree:
     """Draft nodes in topological order (a parent always comes before its child).
 
@@ -76,7 +89,9 @@ class DraftTree:
              (`SiblingDraws`, a merged tree); it then replaces q and draws for acceptance
 
     `validate()` runs once per step and keeps host copies of the topology (parents, depth,
-    children), so nothing downstream reads the tensors back one node at a time.
+    children), so nothing downstream reads the tensors back one node at a time. A tree chosen on the
+    device (`on_device_topology`: EAGLE-2's top-k tree) has no host copies until the verifier's one read
+    brings them (`resolve`); code that needs them earlier reads them then (one more wait).
     """
 
     tokens: torch.Tensor
@@ -90,6 +105,7 @@ class DraftTree:
     _children: list[list[int]] | None = field(default=None, repr=False)
     _depth: list[int] | None = field(default=None, repr=False)
     _ancestors: torch.Tensor | None = field(default=None, repr=False)
+    device_topology: DeviceTopology | None = field(default=None, repr=False)  # until the step's read resolves it
 
     @staticmethod
     def empty(device=None) -> "DraftTree":
@@ -115,6 +131,45 @@ class DraftTree:
         return tree
 
     @staticmethod
+    def on_device_topology(tokens: torch.Tensor, parents: torch.Tensor, depth: torch.Tensor, max_depth: int,
+                           max_children: int, extra: torch.Tensor | None = None) -> "DraftTree":
+        """A tree chosen on the device: tokens, parents, depth (n,) long and the drafter's extra (n,) long (or
+        None) stay there and nothing is read to build it. The host knows its size, a bound on its depth and on
+        any node's children; the verifier lays the step out from the device tensors and reads the topology with
+        its one read. Its q is None (deterministic nodes)."""
+        tree = DraftTree(tokens, parents, extra=extra)
+        tree.device_topology = DeviceTopology(parents, depth, max_depth, max_children, extra)
+        return tree
+
+    @property
+    def topology_on_device(self) -> bool:
+        """The topology is on the device only (not yet resolved by a read)."""
+        return self.device_topology is not None
+
+    def payload(self) -> torch.Tensor:
+        """(2n or 3n,) long on the device: parents, tokens and the extra, for the read that resolves them."""
+        t = self.device_topology
+        return torch.cat([t.parents, self.tokens] + ([] if t.extra is None else [t.extra]))
+
+    @property
+    def payload_len(self) -> int:
+        return len(self) * (2 if self.device_topology.extra is None else 3)
+
+    def resolve(self, ints: Sequence[int]) -> "DraftTree":
+        """The host copies from `payload()` read back; validates. Returns self."""
+        n, t = len(self), self.device_topology
+        self._parents, self._tokens = [int(x) for x in ints[:n]], [int(x) for x in ints[n:2 * n]]
+        if t.extra is not None:
+            self.extra = [int(x) for x in ints[2 * n:3 * n]]
+        self.device_topology = None
+        return self.validate()
+
+    def _read_topology(self) -> None:
+        """Resolve a device tree now: one read, for code that needs the host topology before the verifier's."""
+        if self.device_topology is not None:
+            self.resolve(sync.to_host(self.payload()))
+
+    @staticmethod
     def chain(tokens: torch.Tensor | Sequence[int], q: torch.Tensor | None = None, device=None) -> "DraftTree":
         if isinstance(tokens, torch.Tensor):
             device = tokens.device if device is None else device
@@ -126,6 +181,7 @@ class DraftTree:
 
     @property
     def host_tokens(self) -> list[int]:
+        self._read_topology()
         if self._tokens is None:
             self._tokens = self.tokens.tolist()
         return self._tokens
@@ -138,6 +194,10 @@ class DraftTree:
         if self.draws not in (IID, WITHOUT_REPLACEMENT):
             raise ValueError(f"DraftTree draws must be {IID!r} or {WITHOUT_REPLACEMENT!r}, got {self.draws!r}")
         n = len(self)
+        if self.device_topology is not None:  # checked where it was built (drafters/tree_search.py): reading it
+            if self.q is not None or self.sibling_draws is not None:  # here would cost the wait it saves
+                raise ValueError("a DraftTree with its topology on the device has deterministic nodes (q None)")
+            return self
         parents = self._parents if self._parents is not None else self.parents.tolist()
         children: list[list[int]] = [[] for _ in range(n + 1)]  # slot 0 = root, node i -> slot i + 1
         depth = [0] * (n + 1)
@@ -161,6 +221,7 @@ class DraftTree:
 
     @property
     def host_parents(self) -> list[int]:
+        self._read_topology()
         if self._parents is None:
             self.validate()
         return self._parents
@@ -168,6 +229,7 @@ class DraftTree:
     @property
     def children(self) -> list[list[int]]:
         """children[s] are the slots under slot s (slot 0 = root, slot i + 1 = node i)."""
+        self._read_topology()
         if self._children is None:
             self.validate()
         return self._children
@@ -175,6 +237,7 @@ class DraftTree:
     @property
     def depth(self) -> list[int]:
         """depth[s] of each slot, root 0."""
+        self._read_topology()
         if self._depth is None:
             self.validate()
         return self._depth

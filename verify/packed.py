@@ -159,8 +159,14 @@ def _verify(ver: Verifier, lanes: list[Lane], trees: list[DraftTree], roots: lis
         else:
             walks.append(walk_tree(tree, logits[r:r + n + 1], sampling, gen, topo, anc, width, top1[r:r + n + 1]))
     read_at = clock.stamp()
-    results, top1 = read_walks(walks, top1)  # the step's one read
-    return step, logits, hidden, walks, results, top1, read_at
+    on_device = [tree for tree in trees if tree.topology_on_device]  # their topology comes back with the read
+    results, host = read_walks(walks, torch.cat([top1] + [tree.payload() for tree in on_device]))  # the one read
+    at = top1.numel()
+    for tree in on_device:
+        size = tree.payload_len
+        tree.resolve(host[at:at + size])
+        at += size
+    return step, logits, hidden, walks, results, host[:top1.numel()], read_at
 
 
 def static_capacity(stored: int, lanes: int, max_new_tokens: int, widest: int) -> int:

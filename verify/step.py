@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import torch
 
 from draftkit.verify import sync
-from draftkit.verify.accept import choose, topology_from, topology_ints
+from draftkit.verify.accept import choose, device_topology, topology_from, topology_ints
 from draftkit.verify.contract import DraftTree
 
 SHARED = -1  # owner of entries every lane sees (best-of-N's prompt)
@@ -70,23 +70,33 @@ class StepInputs:
         self.starts = [i * width for i in range(len(pieces))] if width else [sum(sizes[:i]) for i in range(len(pieces))]
         self.q = width * len(pieces) if width else self.used
         ids, pos, lane, up, depth, topo = [], [], [], [], [], []
+        bound = 0  # the deepest device-topology tree may reach (its nodes' rows are filled in below)
         for piece, start, size in zip(pieces, self.starts, sizes):
             m, tree = piece.m, piece.tree
             on_host = tree._tokens is not None  # built from host lists (a device tree is copied in below)
             ids += (piece.pending if isinstance(piece.pending, list) else [0] * m) + \
                 (tree.host_tokens if on_host else [0] * len(tree))
-            pos += [piece.position + i for i in range(m)] + [piece.position + m - 1 + d for d in tree.depth[1:]]
             lane += [piece.owner] * (m + len(tree))
-            up += [-1] * m + [start + m + p if p >= 0 else -1 for p in tree.host_parents]
-            depth += [0] * m + tree.depth[1:]
-            topo.append(topology_ints(tree))
+            pos += [piece.position + i for i in range(m)]
+            up += [-1] * m
+            depth += [0] * m
+            if tree.topology_on_device:
+                n = len(tree)
+                pos, up, depth = pos + [0] * n, up + [-1] * n, depth + [0] * n
+                bound = max(bound, tree.device_topology.max_depth)
+                topo.append([])
+            else:
+                pos += [piece.position + m - 1 + d for d in tree.depth[1:]]
+                up += [start + m + p if p >= 0 else -1 for p in tree.host_parents]
+                depth += tree.depth[1:]
+                topo.append(topology_ints(tree))
             pad = width - size if width else 0  # padding rows: token 0 at position 0, each its own lane (PAD - row)
             ids += [0] * pad
             pos += [0] * pad
             lane += [PAD - start - size - j for j in range(pad)]
             up += [-1] * pad
             depth += [0] * pad
-        self.max_depth = max(max(depth, default=0), 1)
+        self.max_depth = max(max(depth, default=0), bound, 1)
         packet = sync.to_device(ids + pos + lane + up + depth + [t for ints in topo for t in ints], device)
         q = self.q
         self.ids, self.pos, self.lane, self.up, self.depth = packet[:5 * q].view(5, q)
@@ -100,7 +110,14 @@ class StepInputs:
                 tree.tokens = self.ids[nodes]  # drafters and the rules read the uploaded copy
             else:
                 self.ids[nodes] = tree.tokens
-            self.topology.append(topology_from(tree, packet[offset:offset + len(ints)]))
+            if tree.topology_on_device:  # its layout written on the device: no read
+                t = tree.device_topology
+                self.pos[nodes] = t.depth + (piece.position + m - 1)
+                self.up[nodes] = torch.where(t.parents >= 0, t.parents + (start + m), -1)
+                self.depth[nodes] = t.depth
+                self.topology.append(device_topology(tree))
+            else:
+                self.topology.append(topology_from(tree, packet[offset:offset + len(ints)]))
             offset += len(ints)
         self._anc = None
 
@@ -120,7 +137,7 @@ class StepInputs:
 
     @property
     def branched(self) -> bool:
-        return any(not p.tree.is_chain for p in self.pieces)
+        return any(p.tree.topology_on_device or not p.tree.is_chain for p in self.pieces)
 
     def rows(self, i: int) -> tuple[int, int]:
         """(root row, first node row) of piece i."""
