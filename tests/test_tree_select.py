@@ -1,12 +1,12 @@
-"""EAGLE-2's tree selection on the device (drafters/tree_search.select_on_device) against the rule written out on
-the host: the first-ranked chain, then the best candidates by (score, depth, index), in that order; and a tree
+"""EAGLE-2's tree selection on the device (drafters/tree_search.select_on_device) and on the host (select_on_host,
+what a CPU run takes) against the rule written out with plain loops: the first-ranked chain, then the best candidates by (score, depth, index), in that order; and a tree
 chosen on the device reads its topology only when asked."""
 import random
 
 import pytest
 import torch
 
-from draftkit.drafters.tree_search import select_on_device
+from draftkit.drafters.tree_search import select_on_device, select_on_host
 from draftkit.verify.contract import DraftTree
 
 
@@ -74,6 +74,8 @@ def test_the_device_selection_follows_the_rule(seed):
     want = host_rule(toks, pars, scores, depths, run, total)
     got = tree.resolve(tree.payload().tolist())
     assert (got.host_tokens, got.host_parents, got.extra) == want
+    on_host = select_on_host(toks, pars, scores, depths, run, total, "cpu")  # the host's route to the same tree
+    assert (on_host.host_tokens, on_host.host_parents, on_host.extra) == want
 
 
 def test_a_device_tree_reads_its_topology_once_when_asked_early():
