@@ -200,8 +200,9 @@ def _lookahead(target, path, tokenizer, s: LookaheadSettings):
 
 
 def available_members(target, names: list[str], paths: dict) -> list[str]:
-    """A hybrid's members on a named real target: a member whose draft is not shipped for it (and not given) is
-    replaced by its EAGLE-3 sibling when that is shipped (eagle -> eagle3), else left out; lookahead makes up two."""
+    """A hybrid's members on a named real target: an EAGLE-2 member whose draft is not given becomes its EAGLE-3
+    sibling when that is shipped for the target (the pairing measured on it, docs/real-models.md); any other
+    member whose draft is not shipped (and not given) is left out; lookahead makes up two."""
     from draftkit import zoo
     from draftkit.gguf import real_name
 
@@ -212,10 +213,10 @@ def available_members(target, names: list[str], paths: dict) -> list[str]:
     out = []
     for n in names:
         model = REGISTRY[n].default_model
-        if model is None or model in shipped or paths.get(model):
-            out.append(n)
-        elif n in ("eagle", "eagle-chain") and "eagle3" in shipped:
+        if n in ("eagle", "eagle-chain") and "eagle3" in shipped and not paths.get(model):
             out.append("eagle3")
+        elif model is None or model in shipped or paths.get(model):
+            out.append(n)
     out = list(dict.fromkeys(out))
     return out if len(out) > 1 else list(dict.fromkeys(out + ["suffix", "lookahead"]))[:2]
 

@@ -184,6 +184,10 @@ def test_smollm2_decodes_losslessly_with_its_chat_template():
     assert eagle3.draft.config.draft_vocab_size == 8192
     out = dk.generate(model, ids, eagle3, 24, budget="fixed")
     assert out.tokens.tolist() == plain and out.stats.tau > 1.0
+    eagle = dk.make_drafter("eagle", model)  # the EAGLE-2 draft shipped for it (zoo/smollm2-135m/eagle): a tree
+    assert list(eagle.draft.config.feature_layers) == [30] and eagle.draft.config.draft_vocab_size == 8192
+    out = dk.generate(model, ids, eagle, 24, budget="fixed")
+    assert out.tokens.tolist() == plain and out.stats.tau > 1.0 and max(s.drafted for s in out.stats.steps) > 4
 
 
 def test_a_real_target_gets_its_own_drafts_or_a_one_line_error(tmp_path, monkeypatch):
@@ -206,4 +210,7 @@ def test_a_real_target_gets_its_own_drafts_or_a_one_line_error(tmp_path, monkeyp
     monkeypatch.setattr(zoo, "available", lambda zoo=None: ["target", "smollm2-135m/eagle3"])
     assert registry.shipped_name(target, "eagle3") == "smollm2-135m/eagle3"
     assert registry.available_members(target, ["suffix", "eagle"], {}) == ["suffix", "eagle3"]
+    monkeypatch.setattr(zoo, "available", lambda zoo=None: ["target", "smollm2-135m/eagle", "smollm2-135m/eagle3"])
+    assert registry.available_members(target, ["suffix", "eagle"], {}) == ["suffix", "eagle3"]  # both: EAGLE-3
+    assert registry.available_members(target, ["suffix", "eagle"], {"eagle": "x"}) == ["suffix", "eagle"]  # given
     assert registry.shipped_name(tiny_model("llama"), "eagle3") == "eagle3"  # the shipped family's own

@@ -110,15 +110,17 @@ def test_ranks_read_disjoint_rows_of_each_global_batch(tiny):
 @pytest.mark.parametrize("mode", ["cpu", "gpu"])
 def test_real_target_build_commands_parse(tmp_path, mode):
     """recipes/smollm2/build.sh (dry run): prompts, data, EAGLE-3 (on a CPU: then continued on all the data),
-    evaluation and export, each command parsed by its script as the real run would; every path quoted."""
+    EAGLE-2, evaluation and the two exports, each command parsed by its script as the real run would; every path
+    quoted."""
     out = tmp_path / "runs with spaces"
     env = {**os.environ, "DRY_RUN": "1", "OUT": str(out)}
     argv = ["bash", "recipes/smollm2/build.sh"] + (["--gpu"] if mode == "gpu" else [])
     printed = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, check=True).stdout
     commands = [shlex.split(line[2:].split(" > ")[0]) for line in printed.splitlines() if line.startswith("+ python")]
-    stages = ["chat_prompts", "prepare_data", "eagle"] + (["eagle"] if mode == "cpu" else []) + ["compare", "export"]
+    stages = ["chat_prompts", "prepare_data", "eagle"] + (["eagle"] if mode == "cpu" else []) + \
+        ["eagle", "compare", "export", "export"]
     assert [Path(c[1]).stem for c in commands] == stages
-    data, trains = commands[1], commands[2:-2]
+    data, trains = commands[1], commands[2:-3]
     (out / "prompts.jsonl").write_text("")  # what the first stage writes: the recipes check that their corpus exists
     cfg = parse_config(config_class(importlib.import_module("draftkit.train.prepare_data")), data[2:],
                        ignore_unknown=True)
@@ -128,9 +130,10 @@ def test_real_target_build_commands_parse(tmp_path, mode):
         assert (c.seq_len, c.messages_column, c.shard_rows, c.regen_max_new_tokens) == \
             (cfg.seq_len, "messages", cfg.shard_rows, cfg.regen_max_new_tokens)
         assert c.train_rows <= cfg.train_rows
-    assert runs[-1].train_rows == cfg.train_rows  # what ships read all of it
-    for train in runs:
+    assert runs[-2].train_rows == runs[-1].train_rows == cfg.train_rows  # what ships read all of it
+    for train in runs[:-1]:  # EAGLE-3, then EAGLE-2 (the last layer only)
         assert train.layout == "reference" and list(train.feature_layers) == [2, 15, 27]  # (2, L//2, L-3) of 30
+    assert runs[-1].layout == "reference" and list(runs[-1].feature_layers) == []
     assert cfg.layers[:3] == [2, 15, 27]
     final = out / "eagle3" / "final"
     if mode == "gpu":
@@ -140,4 +143,6 @@ def test_real_target_build_commands_parse(tmp_path, mode):
         final = out / "eagle3-2" / "final"
     from draftkit.eval.cli import parse_args
 
-    assert parse_args(commands[-2][2:]).eagle3 == str(final) and commands[-1][2] == str(final)
+    evaluate = parse_args(commands[-3][2:])
+    assert evaluate.eagle3 == str(final) and commands[-2][2] == str(final)
+    assert evaluate.eagle == commands[-1][2] == str(out / "eagle2" / "final") == runs[-1].output_dir + "/final"

@@ -6,13 +6,15 @@
 #   eagle3    EAGLE-3 in the reference layout (recipes/smollm2/eagle3.yaml), on the first 768 conversations
 #   eagle3-2  the same draft continued on all 1,536 (recipes/smollm2/eagle3_continue.yaml): what ships
 #             (not with --gpu, whose first stage reads 8,192 conversations)
-#   evaluate  compare.py on the chat set and HumanEval, chat-templated, greedy (the new draft beside the
+#   eagle2    EAGLE-2 in the reference layout (recipes/smollm2/eagle2.yaml) on the same stored data (its last layer)
+#   evaluate  compare.py on the chat set and HumanEval, chat-templated, greedy (the new drafts beside the
 #             training-free drafters)
-#   export    the folder vLLM and SGLang load (train/export.py --format vllm)
+#   export    the folders vLLM and SGLang load (train/export.py --format vllm), EAGLE-3 then EAGLE-2
 # A stage whose output exists is skipped; a killed stage resumes (shards, checkpoints). Logs: <OUT>/<stage>.log.
 #   OUT=runs/smollm2    where everything goes (any path)
 #   DRY_RUN=1           print the commands (and which stages are done) without running anything
-# On 2 CPU cores: about two hours for the data (1,536 conversations), 40 minutes for each EAGLE-3 stage.
+# On 2 CPU cores: about two hours for the data (1,536 conversations), 40 minutes for each EAGLE-3 stage, 20 for
+# EAGLE-2.
 #
 # bash recipes/smollm2/build.sh --gpu   (OUT defaults to runs/smollm2-gpu)
 # Sized for about 12 minutes on one H200: 8,192 conversations answered in batches of 512 (bf16), EAGLE-3 for
@@ -57,9 +59,14 @@ if [[ $GPU == 0 ]]; then  # on a GPU the first stage already reads 8,192 convers
     --config recipes/smollm2/eagle3_continue.yaml "${DATA[@]}" --init_from "$OUT/eagle3/final" \
     --output_dir "$OUT/eagle3-2"
 fi
+run_stage eagle2 "$OUT/eagle2/final/train_report.json" python train/eagle.py --config recipes/smollm2/eagle2.yaml \
+  "${DATA[@]}" --output_dir "$OUT/eagle2" "${TRAIN[@]}"
 run_stage evaluate "$OUT/compare/compare.json" python eval/compare.py --target smollm2-135m \
-  --drafters eagle3,suffix,lookahead,hybrid --eagle3 "$FINAL" --tasks chat,humaneval --prompts 2 \
-  --max-new-tokens 96 --repeats 1 --out "$OUT/compare"
+  --drafters eagle3,eagle,suffix,lookahead,hybrid --eagle3 "$FINAL" --eagle "$OUT/eagle2/final" \
+  --tasks chat,humaneval --prompts 2 --max-new-tokens 96 --repeats 1 --out "$OUT/compare"
 run_stage export "$OUT/export-vllm/config.json" python train/export.py "$FINAL" --format vllm \
   --out "$OUT/export-vllm"
-echo "ship it: python train/ship.py --name smollm2-135m/eagle3 --source $(printf '%q' "$FINAL") --recipe recipes/smollm2/eagle3$([[ $GPU == 1 ]] || echo _continue).yaml --command \"bash recipes/smollm2/build.sh\""
+run_stage export-eagle2 "$OUT/export-vllm-eagle2/config.json" python train/export.py "$OUT/eagle2/final" \
+  --format vllm --out "$OUT/export-vllm-eagle2"
+echo "ship them: python train/ship.py --name smollm2-135m/eagle --source $(printf '%q' "$OUT/eagle2/final") --recipe recipes/smollm2/eagle2.yaml --command \"bash recipes/smollm2/build.sh\""
+echo "           python train/ship.py --name smollm2-135m/eagle3 --source $(printf '%q' "$FINAL") --recipe recipes/smollm2/eagle3$([[ $GPU == 1 ]] || echo _continue).yaml --command \"bash recipes/smollm2/build.sh\""
