@@ -211,3 +211,22 @@ def test_a_plan_inside_the_drafting_margin_steps_plain(rows):
     assert 0 < gain < DRAFT_MARGIN and depths == [0] * 4, (gain, depths)
     gain, depths = budgets(0.35)
     assert gain > DRAFT_MARGIN and depths == [1] * 4, (gain, depths)
+
+
+def test_the_all_plain_step_is_priced_by_what_plain_steps_measured():
+    """A line fitted over drafting steps of many rows overstates the all-plain step: extrapolated, drafting looks
+    better than plain; priced by the plain steps' own time, the lanes step plain (and draft again once what the
+    plain steps measure makes drafting pay)."""
+    def planned(plain_s):
+        policies = [lane(curve(0.01, lambda n: 1.0 + 0.1 * n), 0.8, cap=Budget(2, 2), draft_s_per_level=0.005)
+                    for _ in range(4)]
+        planner = BatchPlanner(policies, rows=True)
+        for q in [8, 12, 16, 20] * 3:  # drafting steps: 50 ms + 2 ms a row (4 lanes of width 2-5)
+            planner.observe(q, 0.050 + 0.002 * q)
+        if plain_s is not None:
+            planner.observe(4, plain_s, drafted=False)  # the plain step: 4 lanes of one row
+        return [b.max_depth for b in plan(policies, planner=planner)]
+
+    assert all(d > 0 for d in planned(None))  # the line's 58 ms plain step: drafting looks better
+    assert planned(0.040) == [0] * 4  # measured 40 ms: plain is better
+    assert all(d > 0 for d in planned(0.070))  # measured 70 ms: drafting pays again

@@ -13,9 +13,12 @@ tree drafter its chain, N = D: each lane's options are both, verify/controller.p
     seconds     T = f(q) + sum_i draft_i(D_i)                   q = sum_i (pending_i + N_i(D_i))
 
 draft_i: the lane's fitted drafting time (its share of its group's, where lanes draft together); f(q):
-the target forward over q rows, a line fitted to the batch's own steps (decayed least squares; a packed
+the target forward over q rows, a line fitted to the batch's drafting steps (decayed least squares; a packed
 forward on a CPU grows by a near-constant cost per row once its rows are many) and, until the steps spread
-enough to fit one, the lanes' profile curve f(q) = plain_s * c(q - 1) scaled by what the steps measured. 
+enough to fit one, the lanes' profile curve f(q) = plain_s * c(q - 1) scaled by what the steps measured. The
+all-plain step is priced by what the last all-plain steps measured at that size, not by the line: fitted over
+drafting steps of many rows, the line overstates a step of one row per lane (batch 32, DFlash: 58.7 ms
+extrapolated against 48 ms measured, so drafting at tau 2.2 looked 10% better than plain and ran 7% slower).
 A batch is done when its last lane is: a token committed by a lane far ahead of the others shortens nothing
 (measured: lookahead at tau 1.8 took 54 steps where plain decoding took 63, its lanes finishing unevenly, and
 lost 32% for trees that every lane paid for). So lane i's committed tokens are weighted by how close it is to
@@ -48,8 +51,9 @@ class BatchPlanner:
 
     def __init__(self, policies: list[AutoBudget], rows: bool = False):
         self.policies, self.rows = policies, rows  # rows: the forward pads every lane to the widest (module notes)
-        self.line = DecayedLine(keep=0.9)  # forward seconds against rows, this run's steps
+        self.line = DecayedLine(keep=0.9)  # forward seconds against rows, this run's drafting steps
         self.scale: float | None = None  # measured / profiled forward seconds of this run's steps (EMA)
+        self.plain: tuple[int, float] | None = None  # (rows, seconds, EMA) of the last all-plain steps
 
     @classmethod
     def over(cls, policies, rows: bool = False) -> "BatchPlanner | None":
@@ -66,14 +70,21 @@ class BatchPlanner:
 
     def forward_s(self, q: int) -> float:
         """Seconds of the target forward over q rows (all lanes' pending tokens and nodes)."""
+        if self.plain is not None and q == self.plain[0]:
+            return self.plain[1]
         line = self.line.fit() if self.line.sums[0] >= MIN_FIT_STEPS else None
         if line is not None:
             return line[0] + line[1] * q
         return self._modeled(q) * (self.scale or 1.0)
 
-    def observe(self, q: int, seconds: float) -> None:
-        """A step's forward (its acceptance walks and commit included) over q rows took `seconds`."""
-        self.line.observe(q, seconds)
+    def observe(self, q: int, seconds: float, drafted: bool = True) -> None:
+        """A step's forward (its acceptance walks and commit included) over q rows took `seconds`; drafted: some
+        lane had a tree (else it prices the all-plain step of that size)."""
+        if drafted:
+            self.line.observe(q, seconds)
+        else:
+            same = self.plain is not None and self.plain[0] == q
+            self.plain = (q, 0.7 * self.plain[1] + 0.3 * seconds if same else seconds)
         ratio = seconds / self._modeled(q)
         self.scale = ratio if self.scale is None else 0.8 * self.scale + 0.2 * ratio
 

@@ -302,7 +302,7 @@ def generate_packed(model, prompts, drafters, max_new_tokens: int = 64, sampling
         ver.commit_rows(step, keep, keep_host)
         carry.verify_span(c0, clock.stamp())  # the commit: part of the next step's verify time
         if planning:
-            planner.observe(step.q, verify_s)  # rows: the padded (lanes, width) batch is what the forward ran
+            planner.observe(step.q, verify_s, any(len(t) for t in trees))  # rows: the padded (lanes, width) batch
         kept = 0
         for i, (ln, tree, given, w, (acc, acc_tokens, bonus)) in enumerate(zip(live, trees, givens, walks, results)):
             root, first = step.rows(i)
