@@ -158,3 +158,23 @@ def test_graph_outputs_kept_past_a_step_are_copies(target, monkeypatch, owned):
     ver.forward(torch.tensor([11]), DraftTree.chain([12, 13, 14]))
     assert torch.equal(first, kept) == owned
     assert len(marks) == (2 if owned else 0)
+
+
+def test_a_graph_that_compiles_inside_a_call_says_so_once_with_or_without_hidden_states(monkeypatch, caplog):
+    """A forward that hands hidden states over is a graph of its own: its first use of a bucket is announced too
+    (it compiled silently for seconds inside a call), and neither is announced twice."""
+    import logging
+
+    import draftkit.verify.forward as fw
+
+    model = tiny_model("llama", seed=5)  # compiled graphs (and what was announced) are kept on the model
+    monkeypatch.setattr(fw, "compiled_forward", lambda m: m.__call__)  # the path, without inductor's compile time
+    ver = Verifier(model, 64, compile=True)
+    ver.forward(torch.arange(6) % 64, DraftTree.empty())
+    ver.commit(6, [])
+    with caplog.at_level(logging.WARNING, logger="draftkit"):
+        for layers in ((), (-1,), (), (-1,)):
+            ver.forward(torch.tensor([7]), DraftTree.chain([8, 9, 10]), layers)
+            ver.kv.drop_pending()
+    said = [r.getMessage() for r in caplog.records if "compiled the verify forward" in r.getMessage()]
+    assert len(said) == 2 and "with hidden states" in said[1] and "hidden" not in said[0], said

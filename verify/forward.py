@@ -336,21 +336,23 @@ class Verifier:
             return self.model
         compiled = compiled_forward(self.model)
         graphs = self.graph_outputs
-        seen = self.model.__dict__.setdefault("_draftkit_buckets", set())  # (rows, capacity) compiled so far
-        first = (b, self.kv.capacity) not in seen
+        # (rows, capacity, hidden states?) compiled so far: a forward that hands hidden states over is a graph of its
+        # own (measured: EAGLE's first use of a bucket recompiled for 4-5 s inside a call, without a word)
+        seen = self.model.__dict__.setdefault("_draftkit_buckets", set())
 
         def forward(**kw):  # a graph per bucket: more than dynamo keeps per function by default
+            key = (b, self.kv.capacity, bool(kw.get("output_hidden_states")))
             if graphs:  # a new step: the previous replay's outputs may be overwritten from here on
                 torch.compiler.cudagraph_mark_step_begin()
             t0 = time.perf_counter()
             with torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT):
                 out = compiled(**kw)
-            if first:  # a bucket compiles on its first use: said once, so its seconds are not read as decoding
-                seen.add((b, self.kv.capacity))
+            if key not in seen:  # a graph compiles on its first use: said once, so its seconds are not read as decoding
+                seen.add(key)
                 logging.getLogger("draftkit").warning(
-                    "draftkit: compiled the verify forward for %d rows on a %d-entry buffer (%.1f s, once; "
-                    "verify.forward.warm_compiled compiles every bucket ahead)", b, self.kv.capacity,
-                    time.perf_counter() - t0)
+                    "draftkit: compiled the verify forward for %d rows%s on a %d-entry buffer (%.1f s, once; "
+                    "verify.forward.warm_compiled compiles every bucket ahead)", b,
+                    " with hidden states" if key[2] else "", self.kv.capacity, time.perf_counter() - t0)
             return out
         return forward
 
