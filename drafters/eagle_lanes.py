@@ -12,7 +12,7 @@ import torch
 from draftkit.drafters.lanes import DraftLanes, compatible, joined
 from draftkit.drafters.tree_search import draft_from_depths
 from draftkit.verify.contract import DecodeState, DraftTree
-from draftkit.verify.forward import run_model
+from draftkit.verify.tree import run_model
 
 
 class EagleLanes(DraftLanes):

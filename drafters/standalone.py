@@ -16,7 +16,8 @@ from draftkit.drafters.tree_search import kept_entries
 from draftkit.verify.accept import Sampling
 from draftkit.verify.cache import KVBuffer  # the same cache class the verifier uses
 from draftkit.verify.contract import Budget, DecodeState, DraftTree, StepResult
-from draftkit.verify.forward import context_limit, run_model
+from draftkit.verify.forward import context_limit
+from draftkit.verify.tree import run_model
 
 
 def check_same_vocabulary(target, draft, target_tokenizer=None, draft_tokenizer=None,

@@ -4,14 +4,14 @@ In fp32 every drafter's greedy output equals plain decoding token for token. In 
 and a plain step run different kernel shapes, so a logit can round differently: where the target's top two tokens
 lie within a few units in the last place, either output is the model's greedy choice. `first_divergence` finds the
 first differing position, recomputes the target's logits there with one plain forward, and calls the difference a
-near-tie when the two tokens' logits are within the dtype's tolerance (verify/forward.probe_tolerance); anything
+near-tie when the two tokens' logits are within the dtype's tolerance (verify/tree_probe.probe_tolerance); anything
 else is a MISMATCH, a bug to report.
 """
 from __future__ import annotations
 
 import torch
 
-from draftkit.verify.forward import probe_tolerance
+from draftkit.verify.tree_probe import probe_tolerance
 
 
 def classify(logits: torch.Tensor, a: int, b: int, dtype: torch.dtype) -> dict:

@@ -43,7 +43,7 @@ import torch  # noqa: E402
 import draftkit as dk  # noqa: E402
 from draftkit.eval.divergence import first_divergence  # noqa: E402
 from draftkit.eval.syncs import DeviceShim, SyncCounter  # noqa: E402
-from draftkit.verify.forward import probe_tree_attention  # noqa: E402
+from draftkit.verify.tree_probe import probe_tree_attention  # noqa: E402
 from draftkit.verify.timing import synchronize  # noqa: E402
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}

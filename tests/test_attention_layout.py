@@ -12,7 +12,8 @@ from draftkit.verify import attention_layout
 from draftkit.verify.accept import Sampling
 from draftkit.verify.attention_layout import AttentionLayout, UnsupportedAttention
 from draftkit.verify.contract import DraftTree, NoDrafter
-from draftkit.verify.forward import Verifier, tree_logits_agree
+from draftkit.verify.forward import Verifier
+from draftkit.verify.tree_probe import tree_logits_agree
 from draftkit.verify.packed import generate_packed
 from tests.models import WINDOWED, tiny_model, windowed_model
 from tests.test_lanes import lanes_of

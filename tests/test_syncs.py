@@ -27,7 +27,7 @@ from draftkit.eval.syncs import SyncCounter
 from draftkit.verify.accept import Sampling
 from draftkit.verify.contract import NoDrafter
 from draftkit.verify.decode import generate
-from draftkit.verify.forward import probe_tree_attention
+from draftkit.verify.tree_probe import probe_tree_attention
 from tests.models import tiny_model
 
 TARGET = tiny_model("llama")

@@ -4,7 +4,9 @@ import torch
 from tests.models import ARCHS, tiny_model
 from draftkit.verify.cache import KVBuffer
 from draftkit.verify.contract import DraftTree, NoDrafter
-from draftkit.verify.forward import Verifier, probe_tree_attention, run_model
+from draftkit.verify.forward import Verifier
+from draftkit.verify.tree import run_model
+from draftkit.verify.tree_probe import probe_tree_attention
 from draftkit.verify.tree import MaskBuffer, path_slots, positions, verify_block, verify_offsets
 from draftkit.verify.packed import generate_packed
 
@@ -152,7 +154,7 @@ def test_tree_forward_equals_each_path_run_alone(arch):
 
 
 def test_model_without_tree_attention_gets_a_clear_error(monkeypatch):
-    from draftkit.verify.forward import TreeAttentionUnsupported
+    from draftkit.verify.tree_probe import TreeAttentionUnsupported
 
     model = tiny_model("llama")
     model._draftkit_tree_ok = False  # as if the probe had found wrong tree logits
@@ -234,7 +236,7 @@ class FakeAttention(torch.nn.Module):
 
 
 def test_the_probe_passes_bf16_logits_that_differ_by_rounding():
-    from draftkit.verify.forward import tree_logits_agree
+    from draftkit.verify.tree_probe import tree_logits_agree
 
     assert probe_tree_attention(FakeAttention(torch.bfloat16))
     # the same rounding in fp32 would be a real difference: the tolerance follows the dtype

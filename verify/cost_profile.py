@@ -85,7 +85,8 @@ class CostProfile:
         """A few forwards at `context` tokens: the minimum of `reps` timings per tree size. verifier: an empty
         static verifier to measure on (its path; emptied again after), else a fresh eager one."""
         from draftkit.verify.contract import DraftTree
-        from draftkit.verify.forward import Verifier, probe_tree_attention
+        from draftkit.verify.forward import Verifier
+        from draftkit.verify.tree_probe import probe_tree_attention
         from draftkit.verify.timing import clock_for
 
         need = context + max(sizes) + 2

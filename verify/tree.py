@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import torch
 
+from draftkit.verify.attention_layout import per_layer_type
+from draftkit.verify.cache import KVBuffer
 from draftkit.verify.contract import DraftTree
 
 
@@ -126,3 +128,21 @@ def path_slots(tree: DraftTree, node: int) -> list[int]:
         path.append(node)
         node = parents[node]
     return path[::-1]
+
+
+def run_model(model, kv: KVBuffer, masks: MaskBuffer | None, block: torch.Tensor | None,
+              offsets: torch.Tensor | None, **inputs):
+    """model(**inputs) on top of `kv`; the new entries become pending in kv.
+
+    block (q, C) bool: what each new token sees among the pending and new entries; offsets (q,)
+    long: positions relative to each row's committed length (see verify/tree.py). None: the new
+    tokens follow the pending ones causally, so the model builds its own mask (even rows only).
+    """
+    if block is not None:
+        full = masks(kv.lengths, block)
+        inputs["position_ids"] = positions(kv.lengths, offsets)
+        inputs["attention_mask"] = per_layer_type(model, full, inputs["position_ids"], kv.lengths, block.shape[-1])
+    try:
+        return model(cache=kv, use_cache=True, **inputs)
+    finally:
+        kv.end_forward()
