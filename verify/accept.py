@@ -293,11 +293,11 @@ def device_topology(tree: DraftTree):
     """topology_from's tensors for a tree whose topology is on the device (DraftTree.on_device_topology),
     computed there: every slot gets a row of the draw table, max_children wide (slots without children test
     nothing). Siblings are tested in node order, as a host tree's are."""
-    t, n = tree.device_topology, len(tree)
-    dev = t.parents.device
+    t, n, parents = tree.device_topology, len(tree), tree.parents
+    dev = parents.device
     idx = torch.arange(n, device=dev)
-    pslot = t.parents + 1
-    sib = ((t.parents[None] == t.parents[:, None]) & (idx[None] < idx[:, None])).sum(1)  # earlier siblings
+    pslot = parents + 1
+    sib = ((parents[None] == parents[:, None]) & (idx[None] < idx[:, None])).sum(1)  # earlier siblings
     kids = torch.full((n + 1, max(t.max_children, 1)), -1, dtype=torch.long, device=dev)
     kids[pslot, sib] = idx
     return pslot, sib, t.depth, kids, torch.arange(n + 1, device=dev)

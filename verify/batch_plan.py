@@ -53,7 +53,7 @@ class BatchPlanner:
         self.policies, self.rows = policies, rows  # rows: the forward pads every lane to the widest (module notes)
         self.line = DecayedLine(keep=0.9)  # forward seconds against rows, this run's drafting steps
         self.scale: float | None = None  # measured / profiled forward seconds of this run's steps (EMA)
-        self.plain: tuple[int, float] | None = None  # (rows, seconds, EMA) of the last all-plain steps
+        self.plain: tuple[int, float] | None = None  # (rows, seconds as an EMA) of the last all-plain steps
 
     @classmethod
     def over(cls, policies, rows: bool = False) -> "BatchPlanner | None":

@@ -62,15 +62,13 @@ class SiblingDraws:
 
 @dataclass
 class DeviceTopology:
-    """A draft tree's topology on the device (DraftTree.on_device_topology): parents, depth (n,) long (root's
-    children at depth 1), the drafter's extra (n,) long or None; max_depth and max_children bound the tree
-    (the host sizes the step's layout and acceptance tables from them)."""
+    """What a tree chosen on the device adds to its tokens, parents and extra (DraftTree.on_device_topology):
+    depth (n,) long (root's children at depth 1); max_depth and max_children bound the tree (the host sizes the
+    step's layout and acceptance tables from them)."""
 
-    parents: torch.Tensor
     depth: torch.Tensor
     max_depth: int
     max_children: int
-    extra: torch.Tensor | None = None
 
 
 @dataclass
@@ -137,8 +135,8 @@ class DraftTree:
         None) stay there and nothing is read to build it. The host knows its size, a bound on its depth and on
         any node's children; the verifier lays the step out from the device tensors and reads the topology with
         its one read. Its q is None (deterministic nodes)."""
-        tree = DraftTree(tokens, parents, extra=extra)
-        tree.device_topology = DeviceTopology(parents, depth, max_depth, max_children, extra)
+        tree = DraftTree(tokens, parents, extra=extra)  # extra stays a tensor until the read resolves it
+        tree.device_topology = DeviceTopology(depth, max_depth, max_children)
         return tree
 
     @property
@@ -148,18 +146,17 @@ class DraftTree:
 
     def payload(self) -> torch.Tensor:
         """(2n or 3n,) long on the device: parents, tokens and the extra, for the read that resolves them."""
-        t = self.device_topology
-        return torch.cat([t.parents, self.tokens] + ([] if t.extra is None else [t.extra]))
+        return torch.cat([self.parents, self.tokens] + ([] if self.extra is None else [self.extra]))
 
     @property
     def payload_len(self) -> int:
-        return len(self) * (2 if self.device_topology.extra is None else 3)
+        return len(self) * (2 if self.extra is None else 3)
 
     def resolve(self, ints: Sequence[int]) -> "DraftTree":
         """The host copies from `payload()` read back; validates. Returns self."""
-        n, t = len(self), self.device_topology
+        n = len(self)
         self._parents, self._tokens = [int(x) for x in ints[:n]], [int(x) for x in ints[n:2 * n]]
-        if t.extra is not None:
+        if self.extra is not None:
             self.extra = [int(x) for x in ints[2 * n:3 * n]]
         self.device_topology = None
         return self.validate()

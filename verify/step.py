@@ -113,7 +113,7 @@ class StepInputs:
             if tree.topology_on_device:  # its layout written on the device: no read
                 t = tree.device_topology
                 self.pos[nodes] = t.depth + (piece.position + m - 1)
-                self.up[nodes] = torch.where(t.parents >= 0, t.parents + (start + m), -1)
+                self.up[nodes] = torch.where(tree.parents >= 0, tree.parents + (start + m), -1)
                 self.depth[nodes] = t.depth
                 self.topology.append(device_topology(tree))
             else:
