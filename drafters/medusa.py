@@ -254,26 +254,22 @@ class MedusaDrafter:
                  gen=None) -> DraftTree:
         """The layout's tree with rank r of a slot's children = the r-th draw without replacement from
         its head's q. A slot's children are taken in rank order (the layout sorts them), so its
-        j-th child is the j-th draw whatever ranks the choices name: always a prefix of the draws."""
+        j-th child is the j-th draw whatever ranks the choices name: always a prefix of the draws.
+        Draws past a head's support (q = 0) stay in the tree: the verifier never accepts them, so nothing is
+        read to drop them and the layout stays the one known on the host."""
         draw, seen = [], {}
         for pa in parents:
             draw.append(seen.get(pa, 0))
             seen[pa] = draw[-1] + 1
         q = draft_probs(logits, temperature, sampling)  # (num_heads, V)
         order = gumbel_order(q, min(max(draw) + 1, q.shape[-1]), generator_on(gen, q.device))  # (num_heads, k)
-        support = (q > 0).sum(-1).tolist()
-        keep, index = [], {}  # drop draws past a head's support (q = 0 there) and their subtrees
-        for i, (hd, d, pa) in enumerate(zip(head_ids, draw, parents)):
-            if d < support[hd] and (pa < 0 or pa in index):
-                index[i] = len(keep)
-                keep.append(i)
-        kept_parents = [index[parents[i]] if parents[i] >= 0 else -1 for i in keep]
-        # one upload, queued without a wait: each kept node's head and draw
-        up = torch.tensor([[head_ids[i] for i in keep], [draw[i] for i in keep]]).to(q.device, non_blocking=True)
+        # one upload, queued without a wait: each node's head and draw (a draw past the vocabulary repeats the last:
+        # every token is drawn by then, its q is zero and it is never accepted)
+        up = torch.tensor([head_ids, [min(d, order.shape[1] - 1) for d in draw]]).to(q.device, non_blocking=True)
         rows = up[0]
-        tokens = order[rows, up[1]].to(device)
-        tree = DraftTree(tokens, torch.tensor(kept_parents), q=q[rows].to(device), draws=WITHOUT_REPLACEMENT)
-        tree._parents = kept_parents
+        tree = DraftTree(order[rows, up[1]].to(device), torch.tensor(parents), q=q[rows].to(device),
+                         draws=WITHOUT_REPLACEMENT)
+        tree._parents = list(parents)  # the topology is known on the host: validation reads nothing back
         return tree
 
     def update(self, result: StepResult) -> None:

@@ -5,8 +5,6 @@ expand the top_k frontier nodes by cumulative draft log-probability (one draft
 forward for the whole frontier), then keep the first-ranked chain (the best
 child at every level) and the best of everything else seen by score, `max_nodes`
 in all. A chain is top_k = 1 (and may be sampled, giving q).
-Both trees stop expanding paths whose draft probability is below the budget's
-`min_path_prob`.
 
 When sampling, `sampled_search` draws every node's children from q WITHOUT
 replacement (Gumbel-top-k on log q at the sampling temperature; Jeon et al. 2024)
@@ -16,10 +14,14 @@ the first m draws of that slot's sequence and m was decided before those draws
 were seen (a stopping rule: it may depend on the slot's earlier draws and on
 anything else in the tree, never on the draws it keeps or drops). EAGLE-2's final
 rerank (keep the best max_nodes of everything drawn) breaks this: it keeps a
-sibling because of its own probability. So the sampled tree grows best-first
-instead: the next child of a node is worth score(node) + (the next-largest log q
-at that node), known before the draw; it is drawn when it beats every path that a
-later draft forward could still extend; nothing drawn is ever dropped. The
+sibling because of its own probability. So the sampled tree fixes each slot's
+count from numbers known before its draws: the j-th child of a slot is worth
+score(slot) + (the j-th largest log q there), whichever token the j-th draw turns
+out to be; each level keeps its best such children (level_widths sets how many per
+level), and nothing kept is ever dropped. Its shape is fixed, so it is chosen on
+the device like the top-k tree (measured against a best-first rule that read each
+level back: the same acceptance within noise on the shipped EAGLE-2 and standalone
+drafts). The
 `DRAFTKIT_SAMPLED_TREES=0` environment variable turns this off (deterministic
 top-k trees with one-hot q under sampling too, as before).
 
@@ -38,7 +40,6 @@ never ran), which is also its offset among the draft cache's pending entries.
 """
 from __future__ import annotations
 
-import math
 import os
 from typing import Callable, Generator
 
@@ -108,6 +109,33 @@ def chain_search(root_logits: torch.Tensor, depth: int, greedy: bool, gen: torch
                                extra=list(range(depth - 1)) + [-1])
 
 
+class RunRows:
+    """The nodes of one step's search that went through the draft, in run order, and who sees whom among them:
+    builds each level's forward request on the device (no boolean index, whose size would depend on the data: a
+    wait on a GPU)."""
+
+    def __init__(self, n_nodes: int, dev):
+        self.dev = dev
+        self.run = torch.zeros(0, dtype=torch.long, device=dev)  # node ids in run order
+        self.anc = torch.zeros(0, 0, dtype=torch.bool, device=dev)  # (E, E) ancestors among run rows
+        self.row_of = torch.full((n_nodes,), -1, dtype=torch.long, device=dev)  # a node's run row (-1: not run)
+
+    def request(self, frontier: torch.Tensor, toks: torch.Tensor, pars: torch.Tensor, depth: int) -> tuple:
+        """The forward request for the frontier's node ids (k,), given every node's token and parent id so far
+        (-1: the root); records them as run. A frontier node sees its parent's ancestors (rows already run) and
+        itself."""
+        dev, k, e = self.dev, frontier.numel(), self.run.numel()
+        parent_rows = self.row_of[pars[frontier].clamp_min(0)].where(pars[frontier] >= 0, -1)
+        new = torch.zeros(k, e + k, dtype=torch.bool, device=dev)
+        if e:
+            new[:, :e] = self.anc[parent_rows.clamp_min(0)] & (parent_rows >= 0)[:, None]
+        new[:, e:] = torch.eye(k, dtype=torch.bool, device=dev)
+        self.anc = torch.cat([torch.cat([self.anc, torch.zeros(e, k, dtype=torch.bool, device=dev)], 1), new], 0)
+        self.row_of[frontier] = torch.arange(e, e + k, device=dev)
+        self.run = torch.cat([self.run, frontier])
+        return toks[frontier], parent_rows, new, torch.full((k,), depth, device=dev)
+
+
 def topk_search(root_logits: torch.Tensor, depth: int, top_k: int, max_nodes: int,
                 tree_temperature: float = 1.0) -> Search:
     """EAGLE-2 style tree of at most max_nodes deterministic nodes (q is None: lossless with one-hot q): each
@@ -124,22 +152,11 @@ def topk_search(root_logits: torch.Tensor, depth: int, top_k: int, max_nodes: in
     toks, scores = [top.indices], [top.values]  # per expansion: (k,) tokens and cumulative log-probs
     pars, depths = [torch.full((top_k,), -1, device=dev)], [torch.ones(top_k, dtype=torch.long, device=dev)]
     frontier = torch.arange(top_k, device=dev)  # node ids (into the concatenation of toks) to run next
-    run = torch.zeros(0, dtype=torch.long, device=dev)  # node ids in run order
-    anc = torch.zeros(0, 0, dtype=torch.bool, device=dev)  # (E, E) ancestors among run rows
-    row_of = torch.full((top_k + (depth - 1) * top_k * top_k,), -1, dtype=torch.long, device=dev)
+    rows = RunRows(top_k + (depth - 1) * top_k * top_k, dev)
     for d in range(1, depth):
-        all_toks, all_pars = torch.cat(toks), torch.cat(pars)
-        k, e = frontier.numel(), run.numel()
-        parent_rows = row_of[all_pars[frontier].clamp_min(0)].where(all_pars[frontier] >= 0, -1)
-        # a frontier node sees its parent's ancestors (rows already run) and itself
-        new = torch.zeros(k, e + k, dtype=torch.bool, device=dev)
-        if e:  # without a boolean index: its size would depend on the data (a wait on a GPU)
-            new[:, :e] = anc[parent_rows.clamp_min(0)] & (parent_rows >= 0)[:, None]
-        new[:, e:] = torch.eye(k, dtype=torch.bool, device=dev)
-        anc = torch.cat([torch.cat([anc, torch.zeros(e, k, dtype=torch.bool, device=dev)], 1), new], 0)
-        row_of[frontier] = torch.arange(e, e + k, device=dev)
-        logits = yield all_toks[frontier], parent_rows, new, torch.full((k,), d, device=dev)
-        run = torch.cat([run, frontier])
+        all_toks = torch.cat(toks)
+        k = frontier.numel()
+        logits = yield rows.request(frontier, all_toks, torch.cat(pars), d)
         child = scores_of(logits).topk(top_k)  # (k, top_k)
         cand = torch.cat(scores)[frontier][:, None] + child.values  # (k, top_k)
         first_new = all_toks.numel()
@@ -149,7 +166,7 @@ def topk_search(root_logits: torch.Tensor, depth: int, top_k: int, max_nodes: in
         depths.append(torch.full((k * top_k,), d + 1, device=dev))
         best = cand.flatten().topk(min(top_k, cand.numel()))
         frontier = first_new + best.indices
-    parts = (torch.cat(toks), torch.cat(pars), torch.cat(scores), torch.cat(depths), run)
+    parts = (torch.cat(toks), torch.cat(pars), torch.cat(scores), torch.cat(depths), rows.run)
     if not sync.is_host(dev):  # no read: the verifier reads the tree with its one read
         return select_on_device(*parts, max_nodes, depth, top_k)
     # on the host reading is free, and list operations beat select_on_device's ~40 tensor ops (measured on the
@@ -162,107 +179,76 @@ def topk_search(root_logits: torch.Tensor, depth: int, top_k: int, max_nodes: in
     return select_on_host(*host, max_nodes, dev)
 
 
-def sampled_search(root_logits: torch.Tensor, depth: int, top_k: int, max_nodes: int,
-                   gen: torch.Generator | None = None, temperature: float = 1.0, sampling: Sampling | None = None,
-                   min_path_prob: float = 0.0) -> Search:
-    """A tree of at most max_nodes nodes and depth `depth` whose siblings are drawn from q without
-    replacement (at most top_k children per node); q (n, V) holds each node's parent's q row in
-    full and draws=WITHOUT_REPLACEMENT. See the module notes for why it grows best-first.
+def level_widths(max_nodes: int, depth: int, top_k: int) -> list[int]:
+    """Nodes a sampled tree keeps at each depth (1..depth): one per level first (the chain), then the rest of
+    max_nodes one at a time from the root down, round after round, each level capped by what it can draw
+    (top_k at the root, top_k children of each of its parent level's top_k best nodes below)."""
+    widths = [1] * depth
+    extra = max_nodes - depth
+    while extra > 0:
+        grew = False
+        for d in range(depth):
+            cap = top_k * (1 if d == 0 else min(top_k, widths[d - 1]))
+            if extra > 0 and widths[d] < cap:
+                widths[d] += 1
+                extra -= 1
+                grew = True
+        if not grew:
+            break
+    return widths
 
-    Each node run through the draft (the root first) gets its whole draw order at once
-    (Gumbel-top-k); the tree takes a prefix of it. Rounds: draw the best pending child while its
-    value (score(node) + next-largest log q at the node, a number fixed before the draw) is at
-    least the best score among nodes drawn but not yet run (a later forward may still extend
-    those); then run the top_k best such nodes in one draft forward. After the last forward the
-    budget is filled with the best remaining children. One host read per forward.
-    """
+
+def keep_prefixes(q: torch.Tensor, base: torch.Tensor, width: int, k: int, gen) -> tuple:
+    """`width` children of f slots drawn without replacement: each slot keeps the first m_s of its own draws,
+    the m_s fixed before the draws are seen. q (f, V) the slots' q rows, base (f,) their scores.
+    The count: the j-th child of slot s is worth base[s] + (the j-th largest log q at s), a number that does
+    not depend on which token the j-th draw turns out to be; the `width` best of these over all slots are kept
+    (a prefix of every slot, as values fall with j). Returns (slot, token, score) (width,) each, grouped by slot
+    in draw order. Draws past a slot's support get log q = -inf: kept only when nothing else is left, never
+    accepted (verify/accept.py rejects a draw of q = 0)."""
+    f = q.shape[0]
+    order = gumbel_order(q, k, gen)  # (f, k) tokens in draw order
+    drawn = base[:, None] + q.gather(1, order).log()  # (f, k) each draw's path score
+    worth = (base[:, None] + q.topk(k, dim=-1).values.log()).flatten()  # (f * k,) known before the draws
+    m = torch.zeros(f, dtype=torch.long, device=q.device).scatter_add_(
+        0, worth.topk(width).indices // k, torch.ones(width, dtype=torch.long, device=q.device))
+    kept = torch.arange(k, device=q.device)[None] < m[:, None]  # (f, k) a prefix per slot
+    at = (~kept).flatten().to(torch.uint8).argsort(stable=True)[:width]  # kept cells, row-major: no wait
+    return at // k, order.flatten()[at], drawn.flatten()[at]
+
+
+def sampled_search(root_logits: torch.Tensor, depth: int, top_k: int, max_nodes: int,
+                   gen: torch.Generator | None = None, temperature: float = 1.0,
+                   sampling: Sampling | None = None) -> Search:
+    """A tree of depth `depth` whose siblings are drawn from q without replacement, grown one level per draft
+    forward and chosen on the device (nothing read: the verifier reads it with its one read). Level d keeps
+    level_widths(...)[d - 1] nodes (keep_prefixes: how many of each slot's draws, decided before the draws);
+    the next level's slots are that level's top_k best nodes by path score. No draw is ever dropped once kept,
+    so the tree obeys the stopping rule the verifier's recursive rejection sampling needs (module notes)."""
     dev = root_logits.device
     gen = generator_on(gen, dev)
-    floor = math.log(min_path_prob) if min_path_prob > 0 else -math.inf
-    tok, par, score, dep, pslot, row = [], [], [], [], [], []  # per node (host)
-    slot_node, qs = [-1], []  # slot 0: the root; slot r + 1: the r-th node run through the draft
-    order, logq, best_lq, cap, drawn = [], [], [], [], []  # per slot
-
-    def prepare(logits: torch.Tensor) -> None:
-        """Draw orders and log q for the (k, V) logits of the slots just added."""
-        q = draft_probs(logits, temperature, sampling)
-        k = min(top_k, q.shape[-1])
-        toks = gumbel_order(q, k, gen)
-        host = torch.cat([toks.double(), q.gather(1, toks).log().double(), q.topk(k, dim=-1).values.log().double(),
-                          (q > 0).sum(-1, keepdim=True).double()], 1).tolist()
-        for h in host:
-            order.append([int(t) for t in h[:k]])
-            logq.append(h[k:2 * k])
-            best_lq.append(h[2 * k:3 * k])
-            cap.append(min(k, int(h[3 * k])))
-            drawn.append(0)
-        qs.append(q)
-
-    def slot_score(s: int) -> float:
-        return 0.0 if slot_node[s] < 0 else score[slot_node[s]]
-
-    def slot_depth(s: int) -> int:
-        return 0 if slot_node[s] < 0 else dep[slot_node[s]]
-
-    prepare(root_logits[None])
-    forwards_left = depth - 1
-    unrun: set[int] = set()  # drawn nodes a later forward may still run (and extend)
-    anc = torch.zeros(0, 0, dtype=torch.bool)  # (E, E) ancestors among run rows (host)
-    while True:
-        while len(tok) < max_nodes:  # draw phase
-            best, best_s = -math.inf, -1
-            for s in range(len(slot_node)):
-                if drawn[s] < cap[s] and slot_score(s) >= floor:
-                    v = slot_score(s) + best_lq[s][drawn[s]]
-                    if best_s < 0 or v > best:
-                        best, best_s = v, s
-            if best_s < 0 or best < max((score[i] for i in unrun), default=-math.inf):
-                break
-            s, j = best_s, drawn[best_s]
-            drawn[s] += 1
-            tok.append(order[s][j])
-            par.append(slot_node[s])
-            score.append(slot_score(s) + logq[s][j])
-            dep.append(slot_depth(s) + 1)
-            pslot.append(s)
-            row.append(-1)
-            if forwards_left > 0 and dep[-1] < depth and score[-1] >= floor:
-                unrun.add(len(tok) - 1)
-        if len(tok) >= max_nodes or not unrun:
-            break
-        batch = sorted(unrun, key=lambda i: (-score[i], i))[:top_k]  # run phase
-        unrun.difference_update(batch)
-        e, k = anc.shape[0], len(batch)
-        parent_rows = [row[par[i]] if par[i] >= 0 else -1 for i in batch]
-        new = torch.zeros(k, e + k, dtype=torch.bool)
-        for b, pr in enumerate(parent_rows):
-            if pr >= 0:
-                new[b, :e] = anc[pr]
-        new[:, e:] = torch.eye(k, dtype=torch.bool)
-        anc = torch.cat([torch.cat([anc, torch.zeros(e, k, dtype=torch.bool)], 1), new], 0)
-        for b, i in enumerate(batch):
-            row[i] = e + b
-            slot_node.append(i)
-        # one upload, queued without a wait: tokens, parent rows, depths
-        up = torch.tensor([[tok[i] for i in batch], parent_rows, [dep[i] for i in batch]]).to(dev, non_blocking=True)
-        logits = yield up[0], up[1], new.to(dev, non_blocking=True), up[2]
-        prepare(logits)
-        forwards_left -= 1
-        if forwards_left == 0:
-            unrun.clear()
-    # depth-first, siblings in draw order (the verifier's rule reads them in that order)
-    kids: dict[int, list[int]] = {}
-    for i, pa in enumerate(par):
-        kids.setdefault(pa, []).append(i)
-    flat, stack = [], list(reversed(kids.get(-1, [])))
-    while stack:
-        i = stack.pop()
-        flat.append(i)
-        stack.extend(reversed(kids.get(i, [])))
-    index = {old: new_i for new_i, old in enumerate(flat)}
-    q = torch.cat(qs)[torch.tensor([pslot[i] for i in flat]).to(dev, non_blocking=True)]
-    return DraftTree.from_lists([tok[i] for i in flat], [index[par[i]] if par[i] >= 0 else -1 for i in flat],
-                                dev, q=q, draws=WITHOUT_REPLACEMENT, extra=[row[i] for i in flat])
+    k = min(top_k, root_logits.shape[-1])
+    widths = level_widths(max_nodes, depth, k)
+    q = draft_probs(root_logits[None], temperature, sampling)  # (1, V)
+    slot, tok, score = keep_prefixes(q, torch.zeros(1, device=dev), widths[0], k, gen)
+    toks, scores, qs = [tok], [score], [q]
+    pars, qrows = [torch.full_like(tok, -1)], [slot]
+    depths = [torch.ones_like(tok)]
+    n_q = 1  # rows of q so far
+    rows = RunRows(sum(widths), dev)
+    for d in range(1, depth):  # level d + 1 from the best nodes of level d (ids from sum(widths[:d - 1]) on)
+        frontier = sum(widths[:d - 1]) + score.topk(min(k, widths[d - 1])).indices  # (f,) node ids
+        logits = yield rows.request(frontier, torch.cat(toks), torch.cat(pars), d)
+        q = draft_probs(logits, temperature, sampling)  # (f, V)
+        slot, tok, score = keep_prefixes(q, torch.cat(scores)[frontier], widths[d], k, gen)
+        toks.append(tok), scores.append(score), pars.append(frontier[slot]), qs.append(q)
+        qrows.append(n_q + slot), depths.append(torch.full_like(tok, d + 1))
+        n_q += frontier.numel()
+    entry = torch.full((sum(widths),), -1, dtype=torch.long, device=dev)
+    entry[rows.run] = torch.arange(rows.run.numel(), device=dev)  # a node's row in run order (-1: never ran)
+    # level order: parents come first, siblings in draw order (the order the verifier tests them in)
+    return DraftTree.on_device_topology(torch.cat(toks), torch.cat(pars), torch.cat(depths), depth, k, entry,
+                                        q=torch.cat(qs)[torch.cat(qrows)], draws=WITHOUT_REPLACEMENT)
 
 
 def select_on_device(toks, pars, scores, depths, run, total: int, max_depth: int, top_k: int) -> DraftTree:

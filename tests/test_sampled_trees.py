@@ -23,7 +23,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from draftkit.drafters.eagle import EagleDraftModel, EagleDrafter
 from draftkit.drafters.medusa import MedusaDrafter, MedusaHeads
 from draftkit.drafters.standalone import StandaloneDrafter
-from draftkit.drafters.tree_search import gumbel_order, run_search, sampled_search
+from draftkit.drafters.tree_search import gumbel_order, level_widths, run_search, sampled_search
 from tests.models import tiny_model
 from draftkit.verify.accept import Sampling, sample_accept
 from draftkit.verify.contract import IID, WITHOUT_REPLACEMENT, DraftTree
@@ -139,17 +139,19 @@ def toy_forward(table: torch.Tensor):
     return forward
 
 
-@pytest.mark.parametrize("depth, top_k, max_nodes", [(1, 3, 3), (3, 2, 8), (4, 4, 20), (5, 8, 48)])
+@pytest.mark.parametrize("depth, top_k, max_nodes", [(1, 3, 3), (3, 2, 8), (4, 4, 20), (5, 8, 48), (3, 3, 40)])
 def test_sampled_tree_shape(depth, top_k, max_nodes):
     torch.manual_seed(0)
     table = 3 * torch.randn(16, 16)
     root = 3 * torch.randn(16)
     gen = torch.Generator().manual_seed(0)
+    widths = level_widths(max_nodes, depth, top_k)
     for _ in range(20):
         tree = run_search(sampled_search(root, depth, top_k, max_nodes, gen, temperature=0.8),
                           toy_forward(table)).validate(16)
         assert tree.draws == WITHOUT_REPLACEMENT and tree.q.shape == (len(tree), 16)
-        assert 1 <= len(tree) <= max_nodes and tree.max_depth <= depth
+        assert len(tree) == sum(widths) <= max_nodes and tree.max_depth == depth
+        assert [tree.depth[1:].count(d) for d in range(1, depth + 1)] == widths
         for slot, kids in enumerate(tree.children):
             toks = [tree.host_tokens[c - 1] for c in kids]
             assert len(toks) == len(set(toks)) <= top_k  # distinct siblings
@@ -158,6 +160,18 @@ def test_sampled_tree_shape(depth, top_k, max_nodes):
                 torch.testing.assert_close(tree.q[c - 1], want)
         ran = [e for e in tree.extra if e >= 0]
         assert sorted(ran) == list(range(len(ran)))  # run rows are the draft's pending entries
+
+
+@pytest.mark.parametrize("max_nodes, depth, top_k, want", [
+    (5, 5, 8, [1, 1, 1, 1, 1]),  # a chain
+    (12, 4, 4, [3, 3, 3, 3]),  # spread from the root down, round after round
+    (9, 4, 4, [3, 2, 2, 2]),
+    (40, 3, 3, [3, 9, 9]),  # capped by what a level can draw: 21 nodes
+    (6, 3, 2, [2, 2, 2]),
+    (10, 2, 3, [3, 7]),
+])
+def test_level_widths(max_nodes, depth, top_k, want):
+    assert level_widths(max_nodes, depth, top_k) == want
 
 
 def test_sampled_tree_first_child_is_a_draw_from_q():
@@ -172,18 +186,20 @@ def test_sampled_tree_first_child_is_a_draw_from_q():
     assert chi2_pvalue(counts, q) > P_OK
 
 
-def test_min_path_prob_stops_expansion():
-    root = torch.tensor([5.0, 0.0, 0.0, 0.0])  # one likely token, three unlikely ones
-    table = torch.tensor([[4.0, 0.0, 0.0, 0.0]] * 4)
-    gen = torch.Generator().manual_seed(0)
-    for _ in range(20):
-        tree = run_search(sampled_search(root, 4, 4, 16, gen, min_path_prob=0.5), toy_forward(table))
-        path = [1.0]  # path probability of each slot
-        for i, (t, pa) in enumerate(zip(tree.host_tokens, tree.host_parents)):
-            path.append(path[pa + 1] * float(tree.q[i, t]))
-        for slot, kids in enumerate(tree.children):
-            assert not kids or path[slot] >= 0.5
-        assert len(tree.children[0]) == 4 and tree.max_depth >= 2
+def test_draws_past_the_support_are_never_accepted():
+    """A slot keeps a fixed number of draws; past q's support they are tokens of q = 0. The verifier never accepts
+    one and leaves p as it was, so the tree follows the target as if they were not there (accepted at p(x) / 0
+    they would pass whenever p(x) > 0: far off)."""
+    gen = torch.Generator().manual_seed(3)
+    q1 = torch.tensor([0.0, 0.0, 0.7, 0.3, 0.0, 0.0])  # two tokens of support, four draws kept
+    counts = torch.zeros(V)
+    for _ in range(4000):
+        tokens = gumbel_order(q1[None], 4, gen)[0].tolist()
+        assert sorted(tokens[:2]) == [2, 3]
+        tree = DraftTree.from_lists(tokens, [-1] * 4, q=q1.expand(4, V), draws=WITHOUT_REPLACEMENT).validate()
+        acc, bonus = sample_accept(tree, torch.stack([P1] + [P2[t] for t in tokens]), gen)
+        counts[tokens[acc[0]] if acc else bonus] += 1
+    assert chi2_pvalue(counts, P1) > P_OK, tv(counts, P1)
 
 
 # ---- through the decoding loop with real drafters -----------------------------------------------

@@ -1,14 +1,11 @@
 """Waits of the host for the device per decoding step, on the device code path run on a CPU (eval/syncs.DeviceShim):
 the loop's timing events, its one read, every tensor read, blocking upload, synchronize and data-dependent shape.
 
-Per step, past what a run pays once (two runs of different lengths, the difference over the difference in steps):
-  plain, lookahead, prompt lookup, suffix, standalone and EAGLE chains, Medusa (greedy), a batch   one wait
-  sampled chains                                                                                    one wait
-  top-k trees (EAGLE-2, standalone; greedy)      one: the tree is chosen on the device; its topology comes back
-                                                 with the verifier's read (DraftTree.on_device_topology)
-  Medusa, sampled                                two: the heads' supports, read to lay out the draws
-  sampled trees (EAGLE, standalone)              at most one more per level: draws without replacement laid out on
-                                                 the host level by level
+Per step, past what a run pays once (two runs of different lengths, the difference over the difference in steps),
+greedy and sampled, every drafter and a batch: one wait. Trees (EAGLE-2, standalone; top-k greedy, drawn without
+replacement when sampling) are chosen on the device and their topology comes back with the verifier's read
+(DraftTree.on_device_topology); Medusa's layout is known on the host, its sampled draws past a head's support stay
+in the tree (never accepted) rather than being read to drop them.
 The phase timings (StepClock stamps) never wait: they are read after the step's one read."""
 import pytest
 import torch
@@ -19,10 +16,6 @@ from draftkit.verify.accept import Sampling
 from draftkit.verify.decode import generate
 from draftkit.verify.timing import StepClock
 from tests.test_syncs import MAKERS, PROMPT, TARGET
-
-ONE_WAIT = ("plain", "lookahead", "prompt-lookup", "suffix", "standalone-chain", "eagle-chain", "medusa")
-TREES = ("standalone-tree", "eagle-tree")  # one wait greedy (top-k trees), more sampled (draws laid out per level)
-DEPTH = 3  # the trees' depth in tests/test_syncs.MAKERS
 
 
 def waits_per_step(run) -> tuple[dict[str, float], list]:
@@ -53,19 +46,15 @@ def test_waits_per_step_on_the_device_path(name, greedy):
     waits, stats = waits_per_step(single(name, Sampling() if greedy else Sampling(temperature=1.0)))
     total = sum(waits.values())
     assert waits.get("synchronize", 0) == 0 and waits.get("event_wait", 0) == 0, waits  # timing costs no wait
-    if name in ONE_WAIT and (greedy or name != "medusa") or name in TREES and greedy:
-        assert total == pytest.approx(1.0), waits
-    elif name == "medusa":  # two where the step drafts
-        assert 1.9 <= total <= 2.0 + 1e-9, waits
-    else:
-        assert 2.0 <= total <= 1 + DEPTH, waits
+    assert total == pytest.approx(1.0), waits
     steps = [s for s in stats[0].steps if not s.prefill]
     assert all(s.verify_s > 0 for s in steps), "every step's verify time is read from its stamps"
     assert sum(s.draft_s for s in steps) > 0
 
 
-@pytest.mark.parametrize("method", ["none", "eagle", "eagle-tree", "suffix"])
-def test_a_batch_waits_once_per_step(method):
+@pytest.mark.parametrize("method", ["none", "eagle", "eagle-tree", "suffix", "medusa"])
+@pytest.mark.parametrize("greedy", [True, False])
+def test_a_batch_waits_once_per_step(method, greedy):
     prompts = [PROMPT, PROMPT[:7], torch.tensor([5, 6, 7, 8, 5, 6, 7, 8, 5])]
 
     def run(n, drafters):
@@ -75,7 +64,8 @@ def test_a_batch_waits_once_per_step(method):
             made.append(drafters[len(made)] if drafters else
                         MAKERS[{"eagle": "eagle-chain", "none": "plain"}.get(method, method)]())
             return made[-1]
-        outs = dk.generate_batch(TARGET, prompts, make, max_new_tokens=n, eos_token_id=[], budget="fixed", seed=0)
+        outs = dk.generate_batch(TARGET, prompts, make, max_new_tokens=n, eos_token_id=[], budget="fixed", seed=0,
+                                 sampling=Sampling() if greedy else Sampling(temperature=1.0))
         return outs, made
 
     waits, _ = waits_per_step(run)

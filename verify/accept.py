@@ -178,7 +178,10 @@ def sample_ranks(tree: DraftTree, p_all: torch.Tensor, gen: torch.Generator | No
                     kept = q_j * (1 - removed)
                     q_j = torch.where(w, kept / kept.sum(-1, keepdim=True).clamp_min(1e-30), q_j)
                     removed = torch.where(w, removed.scatter(1, x, 1.0), removed)
-                ratio = px / q_j.gather(1, x)[:, 0].clamp_min(1e-20)
+                qx = q_j.gather(1, x)[:, 0]
+                # a draw of q = 0 (past a slot's support: sampled trees keep a fixed number of nodes) is never
+                # accepted and, with q_j zero there, leaves p as it was: as if it were not in the tree
+                ratio = torch.where(qx > 0, px / qx.clamp_min(1e-30), 0.0)
             ok = live & (u[:, j] < ratio)
             rank = torch.where(ok, j, rank)
             residual = p.scatter(1, x, 0.0) if q_j is None else (p - q_j).clamp_min(0)

@@ -130,12 +130,13 @@ class DraftTree:
 
     @staticmethod
     def on_device_topology(tokens: torch.Tensor, parents: torch.Tensor, depth: torch.Tensor, max_depth: int,
-                           max_children: int, extra: torch.Tensor | None = None) -> "DraftTree":
+                           max_children: int, extra: torch.Tensor | None = None, q=None,
+                           draws: str = IID) -> "DraftTree":
         """A tree chosen on the device: tokens, parents, depth (n,) long and the drafter's extra (n,) long (or
         None) stay there and nothing is read to build it. The host knows its size, a bound on its depth and on
         any node's children; the verifier lays the step out from the device tensors and reads the topology with
-        its one read. Its q is None (deterministic nodes)."""
-        tree = DraftTree(tokens, parents, extra=extra)  # extra stays a tensor until the read resolves it
+        its one read. q and draws as for any tree (None: deterministic nodes)."""
+        tree = DraftTree(tokens, parents, q, draws, extra)  # extra stays a tensor until the read resolves it
         tree.device_topology = DeviceTopology(depth, max_depth, max_children)
         return tree
 
@@ -192,8 +193,10 @@ class DraftTree:
             raise ValueError(f"DraftTree draws must be {IID!r} or {WITHOUT_REPLACEMENT!r}, got {self.draws!r}")
         n = len(self)
         if self.device_topology is not None:  # checked where it was built (drafters/tree_search.py): reading it
-            if self.q is not None or self.sibling_draws is not None:  # here would cost the wait it saves
-                raise ValueError("a DraftTree with its topology on the device has deterministic nodes (q None)")
+            if self.sibling_draws is not None:  # here would cost the wait it saves
+                raise ValueError("a DraftTree with its topology on the device cannot be a merged tree")
+            if self.q is not None and (self.q.dim() != 2 or self.q.shape[0] != n):
+                raise ValueError(f"DraftTree q must be (n={n}, V); got {tuple(self.q.shape)}")
             return self
         parents = self._parents if self._parents is not None else self.parents.tolist()
         children: list[list[int]] = [[] for _ in range(n + 1)]  # slot 0 = root, node i -> slot i + 1
