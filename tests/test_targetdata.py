@@ -69,6 +69,22 @@ def test_conversation_rows_train_on_assistant_tokens_only(tiny):
         assert not mask[-1]
 
 
+def test_a_batch_drops_the_padding_past_its_last_trained_token(tiny):
+    """Rows of conversations are right-padded to seq_len; a batch keeps the columns through the token after its
+    last trained position (and `beyond` more), and the target's outputs there equal the full row's."""
+    root, tok, model = tiny
+    cfg = config(root, corpus=str(root / "chats.jsonl"), messages_column="messages", data_mode="online", seq_len=128,
+                 cache_dir="")
+    data = target_data(cfg, model, tok, Accelerator(cpu=True))
+    idx = data.indices(0)
+    last = max(int(m.nonzero().max()) for m in data.mask[idx])
+    b = data.batch(0)
+    assert b.ids.shape[1] == last + 2 < 128 and b.loss_mask.sum() == data.mask[idx].sum()
+    assert data.batch(0, beyond=5).ids.shape[1] == last + 7 and data.batch(0, beyond=500).ids.shape[1] == 128
+    full = target_outputs(model, data.rows[idx].long(), [-1])[-1][:, :last + 2]
+    torch.testing.assert_close(b.last, full, atol=1e-5, rtol=1e-5)
+
+
 def test_regenerated_rows_are_cached_and_reused(tiny, monkeypatch):
     root, tok, model = tiny
     cfg = config(root, regenerate=True, data_mode="online")

@@ -127,7 +127,7 @@ def main(argv=None):
 
         def step_loss(i):
             gen = torch.Generator().manual_seed(cfg.seed * 1_000_003 + i)  # anchors depend only on the step
-            b = data.batch(i)
+            b = data.batch(i, beyond=cfg.block_size)  # blocks that start near the last trained token
             res = loss_fn(b.ids, b.loss_mask, b.hidden, b.last, gen=gen)
             return res.pop("loss"), res
 
