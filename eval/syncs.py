@@ -46,6 +46,7 @@ class SyncCounter:
         self._patch(torch, "tensor", self._tensor(torch.tensor))
         self._patch(sync, "to_device", self._loop("loop_upload", sync.to_device))
         self._patch(sync, "to_host", self._loop("loop_read", sync.to_host))
+        self._patch(torch.cuda, "synchronize", self._synchronize(torch.cuda.synchronize))
         for d in self.drafters:
             for name in ("propose", "update", "reset"):
                 self._patch(d, name, self._tagged(getattr(d, name)))
@@ -105,6 +106,14 @@ class SyncCounter:
             finally:
                 counter._inside_loop = False
         return transfer
+
+    def _synchronize(self, original):
+        counter = self
+
+        def synchronize(device=None):
+            counter.counts["synchronize"] += 1
+            return original(device)
+        return synchronize
 
     def _tagged(self, method):
         counter = self

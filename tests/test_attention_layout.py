@@ -11,7 +11,7 @@ from draftkit.drafters.suffix import SuffixDrafter
 from draftkit.verify import attention_layout
 from draftkit.verify.accept import Sampling
 from draftkit.verify.attention_layout import AttentionLayout, UnsupportedAttention
-from draftkit.verify.contract import DraftTree, NoDrafter
+from draftkit.verify.contract import DraftTree
 from draftkit.verify.forward import Verifier
 from draftkit.verify.tree_probe import tree_logits_agree
 from draftkit.verify.packed import generate_packed

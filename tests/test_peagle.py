@@ -8,7 +8,7 @@ import torch
 from draftkit.drafters.eagle import EagleDrafter
 from draftkit.drafters.eagle_reference import make_draft
 from draftkit.drafters.peagle import PEagleDrafter, make_peagle_draft
-from draftkit.train.peagle_loss import PEagleLoss, cod_anchors, layout
+from draftkit.train.peagle_loss import cod_anchors, layout
 from tests.parallel_common import (PROMPTS, VE, assert_follows, assert_greedy_equal, early_late, exact_tokens_2_3,
                                    forwards_per_drafting_step, make_tiny_run, shifted_q, sampled_counts, tiny_target,
                                    train_argv)

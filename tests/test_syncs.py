@@ -87,3 +87,15 @@ def test_the_counter_sees_a_read_the_loop_did_not_route():
         assert per_step("reader", Sampling()).get("drafter_read", 0) >= 1.0
     finally:
         del MAKERS["reader"]
+
+
+def test_the_counter_counts_synchronizes(monkeypatch):
+    """A synchronize is a wait the GPU check counts beside the reads (eval/gpu_check.py)."""
+    calls = []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: calls.append(device))
+    with SyncCounter(device_only=True) as counter:
+        torch.cuda.synchronize()
+        torch.cuda.synchronize("cuda:0")
+    assert counter.counts["synchronize"] == 2 and calls == [None, "cuda:0"]
+    torch.cuda.synchronize()
+    assert counter.counts["synchronize"] == 2  # restored on exit

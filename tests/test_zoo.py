@@ -2,7 +2,6 @@
 import os
 
 import pytest
-import torch
 from transformers import AutoTokenizer
 
 import draftkit as dk
