@@ -8,7 +8,8 @@ from accelerate import Accelerator
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from draftkit.train.data import train_tokenizer
-from draftkit.train.targetdata import TargetDataConfig, render_conversation, target_data, target_outputs
+from draftkit.train.target_rows import render_conversation
+from draftkit.train.targetdata import TargetDataConfig, target_data, target_outputs
 
 TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}<|end|>{% endfor %}"
             "{% if add_generation_prompt %}<|assistant|>{% endif %}")
