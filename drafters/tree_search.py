@@ -231,23 +231,22 @@ def sampled_search(root_logits: torch.Tensor, depth: int, top_k: int, max_nodes:
     widths = level_widths(max_nodes, depth, k)
     q = draft_probs(root_logits[None], temperature, sampling)  # (1, V)
     slot, tok, score = keep_prefixes(q, torch.zeros(1, device=dev), widths[0], k, gen)
-    toks, scores, qs = [tok], [score], [q]
-    pars, qrows = [torch.full_like(tok, -1)], [slot]
+    toks, pars, qs, qrows = [tok], [torch.full_like(tok, -1)], [q], [slot]
     depths = [torch.ones_like(tok)]
     n_q = 1  # rows of q so far
     rows = RunRows(sum(widths), dev)
     for d in range(1, depth):  # level d + 1 from the best nodes of level d (ids from sum(widths[:d - 1]) on)
-        frontier = sum(widths[:d - 1]) + score.topk(min(k, widths[d - 1])).indices  # (f,) node ids
+        best = score.topk(min(k, widths[d - 1]))
+        frontier = sum(widths[:d - 1]) + best.indices  # (f,) node ids
         logits = yield rows.request(frontier, torch.cat(toks), torch.cat(pars), d)
         q = draft_probs(logits, temperature, sampling)  # (f, V)
-        slot, tok, score = keep_prefixes(q, torch.cat(scores)[frontier], widths[d], k, gen)
-        toks.append(tok), scores.append(score), pars.append(frontier[slot]), qs.append(q)
+        slot, tok, score = keep_prefixes(q, best.values, widths[d], k, gen)
+        toks.append(tok), pars.append(frontier[slot]), qs.append(q)
         qrows.append(n_q + slot), depths.append(torch.full_like(tok, d + 1))
         n_q += frontier.numel()
-    entry = torch.full((sum(widths),), -1, dtype=torch.long, device=dev)
-    entry[rows.run] = torch.arange(rows.run.numel(), device=dev)  # a node's row in run order (-1: never ran)
-    # level order: parents come first, siblings in draw order (the order the verifier tests them in)
-    return DraftTree.on_device_topology(torch.cat(toks), torch.cat(pars), torch.cat(depths), depth, k, entry,
+    # level order: parents come first, siblings in draw order (the order the verifier tests them in); a node's
+    # extra is its row in run order (-1: never ran)
+    return DraftTree.on_device_topology(torch.cat(toks), torch.cat(pars), torch.cat(depths), depth, k, rows.row_of,
                                         q=torch.cat(qs)[torch.cat(qrows)], draws=WITHOUT_REPLACEMENT)
 
 
