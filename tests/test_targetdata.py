@@ -162,3 +162,35 @@ def test_bad_settings_are_one_line_errors(tiny):
         config(root, data_mode="disk")
     with pytest.raises(TrainError, match="regen_prompt_len"):
         config(root, regenerate=True, regen_prompt_len=48)
+
+
+@pytest.mark.parametrize("softcap", [None, 3.0])
+def test_distillation_reads_logits_at_the_trained_positions_only(softcap):
+    """train/draft.py's loss: the draft's head runs on the trained positions alone, and gives there exactly the
+    logits of a full forward (a soft-capped model computes them all, then picks); the KL and CE equal the loss over
+    every position weighted by the mask."""
+    from transformers import Gemma2Config, Gemma2ForCausalLM
+
+    from draftkit.train.draft import distill_loss, logits_at, next_tokens
+
+    torch.manual_seed(0)
+    if softcap:
+        model = Gemma2ForCausalLM(Gemma2Config(vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                               num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+                                               final_logit_softcapping=softcap)).eval()
+    else:
+        model = LlamaForCausalLM(LlamaConfig(vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                             num_attention_heads=4, num_key_value_heads=2)).eval()
+    ids, rows = torch.randint(0, 97, (3, 11)), torch.rand(3, 11) > 0.4
+    rows[0, -1] = True  # a row's last position: no next token for the CE
+    full = model(input_ids=ids).logits
+    picked = logits_at(model, ids, rows)
+    assert torch.allclose(picked, full[rows], atol=1e-5)
+    p = torch.randn(3, 11, 97)
+    loss, kl = distill_loss(picked, p[rows], next_tokens(ids, rows), ce_weight=0.5)
+    w = rows.float()
+    logq, logp = full.log_softmax(-1), p.log_softmax(-1)
+    want_kl = ((logp.exp() * (logp - logq)).sum(-1) * w).sum() / w.sum()
+    ce = torch.nn.functional.cross_entropy(full[:, :-1].flatten(0, 1), ids[:, 1:].flatten(), reduction="none")
+    want_ce = (ce * w[:, :-1].flatten()).sum() / w[:, :-1].sum()
+    assert torch.allclose(kl, want_kl, atol=1e-5) and torch.allclose(loss, want_kl + 0.5 * want_ce, atol=1e-5)

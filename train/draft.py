@@ -67,17 +67,35 @@ def build_draft(cfg, target) -> torch.nn.Module:
     return LlamaForCausalLM(config)
 
 
-def distill_loss(draft_logits, target_logits, labels, mask, ce_weight):
-    """KL(p || q) (+ ce_weight * CE) averaged over the trained positions. Shapes (B, T, V); labels, mask (B, T)."""
-    w = mask.float()
+def logits_at(model, ids: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """(N, V) logits of `model` at the positions `rows` (B, T) bool selects. The LM head runs on those positions
+    only: over a real vocabulary (49,152 tokens) the head and the loss at every position of every row cost most of
+    a step, while the loss reads the answers' positions alone. A model whose logits are more than its head of the
+    last hidden state (soft-capping, a logit scale) computes them all, then picks."""
+    inner = getattr(model, "module", model)  # a data-parallel wrapper runs the forward; the head is its model's
+    config = getattr(inner, "config", None)
+    if getattr(config, "final_logit_softcapping", None) or getattr(config, "logit_scale", None):
+        return model(input_ids=ids).logits[rows]
+    out = model(input_ids=ids, output_hidden_states=True, logits_to_keep=1)  # hidden_states[-1]: after the final norm
+    return inner.get_output_embeddings()(out.hidden_states[-1][rows])
+
+
+def distill_loss(draft_logits, target_logits, labels, ce_weight):
+    """KL(p || q) (+ ce_weight * CE) averaged over the trained positions: draft_logits, target_logits (N, V) at
+    those positions; labels (N,) the token that follows each, -100 where none does (a row's last position)."""
     logq = draft_logits.float().log_softmax(-1)
     logp = target_logits.float().log_softmax(-1)
-    kl = ((logp.exp() * (logp - logq)).sum(-1) * w).sum() / w.sum().clamp_min(1.0)
+    kl = (logp.exp() * (logp - logq)).sum(-1).mean() if len(logq) else logq.sum()
     if not ce_weight:
         return kl, kl
-    ce = F.cross_entropy(draft_logits[:, :-1].flatten(0, 1).float(), labels[:, 1:].flatten(), reduction="none")
-    ce = (ce * w[:, :-1].flatten()).sum() / w[:, :-1].sum().clamp_min(1.0)
+    ce = F.cross_entropy(draft_logits.float(), labels, ignore_index=-100) if (labels >= 0).any() else kl * 0
     return kl + ce_weight * ce, kl
+
+
+def next_tokens(ids: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """(N,) the token after each selected position of ids (B, T), -100 at a row's last position."""
+    following = torch.cat([ids[:, 1:], torch.full_like(ids[:, :1], -100)], dim=1)
+    return following[rows]
 
 
 @torch.no_grad()
@@ -86,10 +104,10 @@ def heldout_metrics(draft, head, data, blocks) -> dict:
     hits = total = 0
     nll = 0.0
     for b in data.heldout(blocks):
-        logits = draft(input_ids=b.ids).logits
-        same = (logits.argmax(-1) == head(b.last).argmax(-1))[b.loss_mask]
+        logits = logits_at(draft, b.ids, b.loss_mask)
+        same = logits.argmax(-1) == head(b.last[b.loss_mask]).argmax(-1)
         hits, total = hits + int(same.sum()), total + same.numel()
-        nll += F.cross_entropy(logits[:, :-1][b.loss_mask[:, :-1]].float(), b.ids[:, 1:][b.loss_mask[:, :-1]],
+        nll += F.cross_entropy(logits.float(), next_tokens(b.ids, b.loss_mask), ignore_index=-100,
                                reduction="sum").item()
     return {"loss": nll / max(1, total), "top1_agreement": hits / max(1, total)}
 
@@ -111,8 +129,9 @@ def main(argv=None):
         def step_loss(i):
             b = data.batch(i)
             with torch.no_grad():
-                t_logits = head(b.last)  # (B, T, V): p from the stored final hidden state, no target forward
-            loss, kl = distill_loss(draft(input_ids=b.ids).logits, t_logits, b.ids, b.loss_mask, cfg.ce_weight)
+                t_logits = head(b.last[b.loss_mask])  # (N, V): p from the stored final hidden state, no target forward
+            loss, kl = distill_loss(logits_at(draft, b.ids, b.loss_mask), t_logits, next_tokens(b.ids, b.loss_mask),
+                                    cfg.ce_weight)
             return loss, {"kl": kl.detach()}
 
         def evaluate():
