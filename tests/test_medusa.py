@@ -372,7 +372,9 @@ def test_head_outputs_pair_each_position_with_the_token_k_plus_2_ahead_and_subsa
 
 def test_heldout_agreement_compares_each_head_with_the_targets_own_prediction():
     """evaluate_heads' agreement: head k's top-1 at position t against the target's argmax for token t + k + 2
-    (its logits at t + k + 1), checked against a direct loop; the text's own tokens give the other figure."""
+    (its logits at t + k + 1), checked against a direct loop; the text's own tokens give the other figure. Only
+    the labels the rows train on count (a conversation's answer: here a prompt of 4 tokens and 2 of padding left
+    out)."""
     from draftkit.train.medusa import evaluate_heads
 
     target = tiny_target(vocab=32, hidden=16, layers=1)
@@ -380,10 +382,12 @@ def test_heldout_agreement_compares_each_head_with_the_targets_own_prediction():
     rows = generate_batch(target, torch.randint(0, 32, (3, 4), generator=torch.Generator().manual_seed(5)), 10)
     rows[:, 9] = (rows[:, 9] + 1) % 32  # mostly the target's own text, with breaks: both cases occur
     rows[0, 6] = (rows[0, 6] + 1) % 32
+    mask = torch.zeros(rows.shape, dtype=torch.bool)
+    mask[:, 3:11] = True  # labels 4 .. 11 are trained on (mask[:, j - 1] marks label j)
 
     class Rows:
         def heldout_tokens(self, blocks):
-            yield rows, None
+            yield rows, mask
 
     res = evaluate_heads(target, heads, Rows(), blocks=3, top_k=2)
     with torch.no_grad():
@@ -392,11 +396,14 @@ def test_heldout_agreement_compares_each_head_with_the_targets_own_prediction():
             agree, text, followed = [], [], []
             for b in range(3):
                 for t in range(14 - k - 2):
+                    if not mask[b, t + k + 1]:
+                        continue
                     guess = int(heads.head_logits(k, out.hidden_states[-1][b, t]).argmax())
                     agree.append(guess == int(out.logits[b, t + k + 1].argmax()))
                     text.append(guess == int(rows[b, t + k + 2]))
                     if all(int(out.logits[b, j - 1].argmax()) == int(rows[b, j]) for j in range(t + 1, t + k + 2)):
                         followed.append(agree[-1])
+            assert len(agree) == 3 * 8
             assert res["agree_topk"][k][0] == pytest.approx(sum(agree) / len(agree))
             assert res["topk"][k][0] == pytest.approx(sum(text) / len(text))
             assert 0 < res["follow_positions"][k] == len(followed) < len(agree)

@@ -142,7 +142,9 @@ def kl_to_reference(logits: torch.Tensor, ref_logits: torch.Tensor) -> torch.Ten
 def evaluate_heads(target, heads, data, blocks: int, top_k: int = 10) -> dict:
     """Held-out head losses, per-rank and cumulative top-k accuracies, and the target's LM loss.
 
-    Two labels per position: the held-out text's own token x_{t+k+2} (per_rank, topk, head_loss) and the
+    Only the labels the recipe trains on count (a conversation's answer tokens: its prompt and the padding after
+    it would be most of a row, and the padding is trivially predicted). Two labels per position: the held-out
+    text's own token x_{t+k+2} (per_rank, topk, head_loss) and the
     target's own prediction of it (agree_per_rank, agree_topk): what greedy acceptance tests, and what EAGLE's
     held-out top-1 measures too; the tree is built from the agreement. follow_top1[k]: head k's top-1 agreement
     at the positions whose text tokens t+1 .. t+k+1 are each the target's own prediction (the case decoding
@@ -159,18 +161,22 @@ def evaluate_heads(target, heads, data, blocks: int, top_k: int = 10) -> dict:
     counts = torch.zeros(K)
     loss_sum = torch.zeros(K)
     lm_sum, lm_n, n = 0.0, 0, 0
-    for batch, _ in data.heldout_tokens(blocks):
+    for batch, mask in data.heldout_tokens(blocks):  # mask: the positions trained on (a conversation's answers)
         out = target(input_ids=batch, output_hidden_states=True)
         hidden = out.hidden_states[-1].to(device)
-        lm = F.cross_entropy(out.logits[:, :-1].reshape(-1, out.logits.shape[-1]).float(), batch[:, 1:].reshape(-1),
-                             reduction="sum")
-        lm_sum, lm_n, n = lm_sum + lm.item(), lm_n + batch[:, 1:].numel(), n + batch.shape[0]
+        trained = mask[:, :-1]
+        lm = F.cross_entropy(out.logits[:, :-1][trained].float(), batch[:, 1:][trained], reduction="sum") \
+            if trained.any() else out.logits.new_zeros(())
+        lm_sum, lm_n, n = lm_sum + lm.item(), lm_n + int(trained.sum()), n + batch.shape[0]
         # (B, T): the target's prediction of token j at index j (index 0 keeps the text's token, never a label)
         predicted = torch.cat([batch[:, :1], out.logits[:, :-1].argmax(-1)], 1)
         run = following_run(predicted == batch)
         # one heads forward, three labels per position: the text's token, the target's, the run before it
-        for k, (logits, paired) in enumerate(head_outputs(heads, hidden, torch.stack([batch, predicted, run], -1))):
+        labels3 = torch.stack([batch, predicted, run], -1)
+        for k, (logits, paired) in enumerate(head_outputs(heads, hidden, labels3, mask)):  # trained labels only
             labels, agreed, followed = paired.unbind(-1)
+            if not labels.numel():
+                continue
             loss_sum[k] += F.cross_entropy(logits.float(), labels, reduction="sum").item()
             counts[k] += labels.numel()
             guesses = logits.topk(top_k, -1).indices
