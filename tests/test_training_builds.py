@@ -110,39 +110,48 @@ def test_ranks_read_disjoint_rows_of_each_global_batch(tiny):
 @pytest.mark.parametrize("mode", ["cpu", "gpu"])
 def test_real_target_build_commands_parse(tmp_path, mode):
     """recipes/smollm2/build.sh (dry run): prompts, data, EAGLE-3 (on a CPU: then continued on all the data),
-    EAGLE-2, evaluation and the two exports, each command parsed by its script as the real run would; every path
-    quoted."""
+    EAGLE-2, the standalone draft, Medusa-1, DFlash, P-EAGLE (from the EAGLE-3 draft), the evaluation of all of
+    them and one export each; every command parsed by its script as the real run would, every path quoted."""
     out = tmp_path / "runs with spaces"
     env = {**os.environ, "DRY_RUN": "1", "OUT": str(out)}
     argv = ["bash", "recipes/smollm2/build.sh"] + (["--gpu"] if mode == "gpu" else [])
     printed = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, check=True).stdout
     commands = [shlex.split(line[2:].split(" > ")[0]) for line in printed.splitlines() if line.startswith("+ python")]
     stages = ["chat_prompts", "prepare_data", "eagle"] + (["eagle"] if mode == "cpu" else []) + \
-        ["eagle", "compare", "export", "export"]
+        ["eagle", "draft", "medusa", "dflash", "eagle", "compare"] + ["export"] * 5
     assert [Path(c[1]).stem for c in commands] == stages
-    data, trains = commands[1], commands[2:-3]
+    data, trains, evaluate, exports = commands[1], commands[2:-6], commands[-6], commands[-5:]
     (out / "prompts.jsonl").write_text("")  # what the first stage writes: the recipes check that their corpus exists
     cfg = parse_config(config_class(importlib.import_module("draftkit.train.prepare_data")), data[2:],
                        ignore_unknown=True)
-    runs = [parse_config(config_class(importlib.import_module("draftkit.train.eagle")), c[2:]) for c in trains]
+    runs = [parse_config(config_class(importlib.import_module(f"draftkit.train.{Path(c[1]).stem}")), c[2:])
+            for c in trains]
     for c in [cfg] + runs:  # every stage reads the shards the data stage made: the same data settings
         assert c.corpus == str(out / "prompts.jsonl") and c.cache_dir == str(out / "cache") and c.regenerate
         assert (c.seq_len, c.messages_column, c.shard_rows, c.regen_max_new_tokens) == \
             (cfg.seq_len, "messages", cfg.shard_rows, cfg.regen_max_new_tokens)
         assert c.train_rows <= cfg.train_rows
-    assert runs[-2].train_rows == runs[-1].train_rows == cfg.train_rows  # what ships read all of it
-    for train in runs[:-1]:  # EAGLE-3, then EAGLE-2 (the last layer only)
-        assert train.layout == "reference" and list(train.feature_layers) == [2, 15, 27]  # (2, L//2, L-3) of 30
-    assert runs[-1].layout == "reference" and list(runs[-1].feature_layers) == []
-    assert cfg.layers[:3] == [2, 15, 27]
+    eagle3, eagle2, draft, medusa, dflash, peagle = runs[-6], runs[-5], runs[-4], runs[-3], runs[-2], runs[-1]
+    assert eagle3.train_rows == eagle2.train_rows == cfg.train_rows  # what ships read all of it
+    for train in runs[:-5] + [peagle]:  # EAGLE-3 (and its continuation) and P-EAGLE read (2, L//2, L-3) of 30
+        assert train.layout == "reference" and list(train.feature_layers) == [2, 15, 27]
+    assert eagle2.layout == "reference" and list(eagle2.feature_layers) == []
+    assert list(dflash.target_layers) == [2, 15, 27] and cfg.layers[:3] == [2, 15, 27]  # stored once, shared
+    assert medusa.share_lm_head and peagle.parallel_depths > 1 and draft.hidden_size < 576
     final = out / "eagle3" / "final"
     if mode == "gpu":
-        assert runs[0].mixed_precision == "bf16" and runs[0].train_rows == 8192
+        assert eagle3.mixed_precision == "bf16" and eagle3.train_rows == 8192
+        assert all(r.mixed_precision == "bf16" and r.max_steps == 1000 for r in (draft, medusa, dflash, peagle))
     else:
         assert runs[1].init_from == str(final) and runs[1].output_dir == str(out / "eagle3-2")
         final = out / "eagle3-2" / "final"
+    assert peagle.init_from == str(final)
     from draftkit.eval.cli import parse_args
 
-    evaluate = parse_args(commands[-3][2:])
-    assert evaluate.eagle3 == str(final) and commands[-2][2] == str(final)
-    assert evaluate.eagle == commands[-1][2] == str(out / "eagle2" / "final") == runs[-1].output_dir + "/final"
+    flags = parse_args(evaluate[2:])
+    finals = {k: r.output_dir + "/final" for k, r in
+              [("eagle", eagle2), ("peagle", peagle), ("dflash", dflash), ("medusa", medusa), ("draft", draft)]}
+    assert flags.eagle3 == str(final) == exports[0][2]
+    assert {k: getattr(flags, k) for k in finals} == finals
+    assert [e[2] for e in exports[1:]] == [finals[k] for k in ("eagle", "peagle", "dflash", "medusa")]
+    assert set(flags.drafters.split(",")) >= {"eagle3", "eagle", "peagle", "dflash", "medusa", "standalone"}

