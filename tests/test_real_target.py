@@ -214,3 +214,20 @@ def test_a_real_target_gets_its_own_drafts_or_a_one_line_error(tmp_path, monkeyp
     assert registry.available_members(target, ["suffix", "eagle"], {}) == ["suffix", "eagle3"]  # both: EAGLE-3
     assert registry.available_members(target, ["suffix", "eagle"], {"eagle": "x"}) == ["suffix", "eagle"]  # given
     assert registry.shipped_name(tiny_model("llama"), "eagle3") == "eagle3"  # the shipped family's own
+
+
+def test_export_takes_a_gguf_target_like_every_other_command(tiny_gguf, tmp_path, monkeypatch, capsys):
+    """train/export.py --target names a GGUF file (or a named real target) as compare.py and the recipes do: its
+    converted folder checks the standalone draft's vocabulary and is what the printed serve commands load."""
+    from draftkit.train.export import main as export_main
+
+    monkeypatch.setenv("DRAFTKIT_CACHE", str(tmp_path / "cache"))
+    target, tok = dk.load_target(str(tiny_gguf))
+    draft_dir = tmp_path / "draft"
+    target.save_pretrained(draft_dir)  # any causal LM with the target's vocabulary is a standalone draft
+    tok.save_pretrained(draft_dir)
+    out = tmp_path / "export"
+    assert export_main([str(draft_dir), "--format", "vllm", "--target", str(tiny_gguf), "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert (out / "config.json").exists()
+    assert str(tmp_path / "cache") in printed and "draft_model" in printed  # served against the converted folder

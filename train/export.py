@@ -154,7 +154,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, metavar="DIR", help="folder to write (required; must be empty or new "
                                                               "unless --force)")
     p.add_argument("--target", default=None, metavar="PATH_OR_ID",
-                   help="the target model (folder or hub id): loaded for Medusa (its LM head, shape check) and "
+                   help="the target model (folder, hub id, GGUF file or a named real target such as smollm2-135m): loaded for Medusa (its LM head, shape check) and "
                         "read for standalone (vocabulary check); named in speculators' verifier and in the printed "
                         "serve commands (default: EAGLE, the target name the draft records; Medusa and standalone, "
                         "the target the drafter records if it is a local folder, else the shipped zoo target)")
@@ -178,6 +178,10 @@ def export(args) -> tuple[str, list[str]]:
     if os.path.isdir(out) and os.listdir(out) and not args.force:
         raise ExportRefused(f"{args.out} exists and is not empty (pass --force to write into it)")
     dtype = DTYPES[args.dtype]
+    if args.target:  # a named real target (smollm2-135m) or a GGUF file: its converted folder, as everywhere else
+        from draftkit.models import resolve
+
+        args.target = resolve(args.target, "target")
     kind = drafter_kind(src, args.drafter, args.target)
     cfg = read_config(src)
     k = args.speculative_tokens or DRAFT_TOKENS.get(kind) or int(cfg.get("num_heads") or cfg.get("medusa_num_heads")
