@@ -22,7 +22,8 @@ import torch
 from draftkit.drafters.dflash import KIND, DFlashConfig, DFlashDraft
 from draftkit.drafters.eagle import _target_name, naming_config, target_shape
 from draftkit.drafters.exporters import _llama_export_fields
-from draftkit.drafters.formats import ExportRefused, read_config, read_weights, write_config, write_weights
+from draftkit.drafters.formats import (ExportRefused, decoding_from, decoding_settings, read_config, read_weights,
+                                      write_config, write_weights)
 
 DFLASH_FORMATS = ("vllm", "speculators")
 ARCHITECTURE = "DFlashDraftModel"
@@ -98,7 +99,7 @@ def _import_public(path: str, cfg: dict, state: dict, target) -> DFlashDraft:
     config = DFlashConfig(hidden, vocab, int(num_layers), [int(k) for k in layers_ids], int(block), int(mask),
                           meta.get("target_name") or (cfg.get("speculators_config") or {}).get("verifier", {}).get(
                               "name_or_path", "") or f"the target of {path}",
-                          _layer_config(src, draft_layers, vocab))
+                          _layer_config(src, draft_layers, vocab), **decoding_from(meta))
     return DFlashDraft(config).load_weights(state, path)
 
 
@@ -112,7 +113,8 @@ def export_dflash(draft: DFlashDraft, fmt: str, out: str, target=None, dtype: to
     c = draft.config
     layer = _qwen3_fields(draft, dtype)
     ids = [int(k) for k in c.target_layers]
-    meta = {"format": fmt, "target_name": target_name or c.target_name, "num_target_layers": c.num_target_layers}
+    meta = {"format": fmt, "target_name": target_name or c.target_name, "num_target_layers": c.num_target_layers,
+            **decoding_settings(c)}
     state = dict(draft.state_dict())
     if fmt == "vllm":
         cfg = {"architectures": [ARCHITECTURE], **layer, "block_size": c.block_size,

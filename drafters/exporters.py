@@ -9,7 +9,8 @@ import torch
 
 from draftkit.drafters.eagle import _target_name
 from draftkit.drafters.reference_config import LAYOUT
-from draftkit.drafters.formats import TOKEN_MAP, ExportRefused, detect, engine_layer_name, write_config, write_weights
+from draftkit.drafters.formats import (TOKEN_MAP, ExportRefused, decoding_settings, detect, engine_layer_name,
+                                      write_config, write_weights)
 
 EAGLE_FORMATS = ("vllm", "sglang", "speculators")
 FORMATS = ("vllm", "sglang", "speculators", "medusa-original")
@@ -34,7 +35,7 @@ def _llama_export_fields(draft, dtype: torch.dtype) -> dict:
 def _draftkit_meta(draft, fmt: str) -> dict:
     c = draft.config
     return {"format": fmt, "target_name": c.target_name, "num_target_layers": c.num_target_layers,
-            "feature_layers": list(c.feature_layers)}
+            "feature_layers": list(c.feature_layers), **decoding_settings(c)}
 
 
 def export_eagle(draft, fmt: str, out: str, dtype: torch.dtype = torch.float16, target_name: str = "",

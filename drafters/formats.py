@@ -42,6 +42,21 @@ class ExportRefused(ValueError):
     """The requested format cannot hold this drafter (one-line reason)."""
 
 
+# draftkit's own decoding settings of a draft (EagleConfig / DFlashConfig fields no engine reads): an export keeps
+# them in its "draftkit" block, so that the folder loaded back drafts exactly as its source did
+DECODING_FIELDS = ("tree_temperature", "attention_window")
+
+
+def decoding_settings(config) -> dict:
+    """The draft config's DECODING_FIELDS, for an export's "draftkit" block."""
+    return {k: getattr(config, k) for k in DECODING_FIELDS}
+
+
+def decoding_from(meta: dict) -> dict:
+    """The DECODING_FIELDS an export's "draftkit" block holds (none in a folder from elsewhere: the defaults)."""
+    return {k: meta[k] for k in DECODING_FIELDS if k in meta}
+
+
 # ----------------------------------------------------------------------------- files
 
 
@@ -279,7 +294,8 @@ def _import_public_eagle(path: str, cfg: dict, fmt: str, target):
             else cfg.get("norm_before_residual", False)
         config = EagleConfig(hidden, vocab, num_layers, feats, made, layer_config, layout=LAYOUT,
                              draft_vocab_size=draft_vocab if draft_vocab < vocab else 0,
-                             norm_before_residual=bool(norm_before), mask_token_id=_parallel_token(cfg, state, path))
+                             norm_before_residual=bool(norm_before), mask_token_id=_parallel_token(cfg, state, path),
+                             **decoding_from(meta))
         if config.mask_token_id is not None:  # vLLM views it as (1, 3H); speculators saves (1, 1, 3H)
             state["mask_hidden"] = state["mask_hidden"].reshape(1, 1, -1)
     else:
@@ -298,7 +314,8 @@ def _import_public_eagle(path: str, cfg: dict, fmt: str, target):
             state["d2t"], state["t2d"] = vocab_mapping(ids, vocab)
         reduced = ids is not None and ids.numel() < vocab
         config = EagleConfig(hidden, vocab, num_layers, [num_layers], made, layer_config, layout=LAYOUT,
-                             fc_bias=has_bias, draft_vocab_size=int(ids.numel()) if reduced else 0)
+                             fc_bias=has_bias, draft_vocab_size=int(ids.numel()) if reduced else 0,
+                             **decoding_from(meta))
     return build_draft(config).load_weights(state, path)
 
 

@@ -361,3 +361,28 @@ def test_export_refusals_are_one_line(tmp_path, target8, capsys):
                             text=True, cwd=ROOT)
     for flag in ("--format", "--out", "--target", "--dtype", "--speculative-tokens", "--force", "default"):
         assert flag in helped.stdout
+
+
+@pytest.mark.parametrize("name, fmt", [("eagle", "vllm"), ("eagle", "sglang"), ("eagle3", "vllm"),
+                                       ("eagle3", "speculators"), ("peagle", "vllm"), ("dflash", "vllm"),
+                                       ("dflash", "speculators")])
+def test_an_export_keeps_the_drafts_own_decoding_settings(tmp_path, name, fmt):
+    # the shipped drafts carry a fitted tree temperature and an attention window (docs/zoo.md); an export that
+    # dropped them loaded back with the defaults and drafted other trees than its source
+    from draftkit.drafters.dflash_formats import export_dflash, load_dflash_draft
+    from draftkit.drafters.exporters import export_eagle
+    from draftkit.drafters.formats import DECODING_FIELDS
+    from draftkit.models import load_model, resolve
+
+    src, target = resolve(None, name), load_model(None)
+    if name == "dflash":
+        draft = load_dflash_draft(src, target)
+        export_dflash(draft, fmt, str(tmp_path), target)
+        back = load_dflash_draft(str(tmp_path), target)
+    else:
+        draft = load_eagle_draft(src, target)
+        export_eagle(draft, fmt, str(tmp_path))
+        back = load_eagle_draft(str(tmp_path), target)
+    settings = {k: getattr(draft.config, k) for k in DECODING_FIELDS}
+    assert settings["tree_temperature"] != 1.0 and settings["attention_window"] > 0  # not the defaults
+    assert {k: getattr(back.config, k) for k in DECODING_FIELDS} == settings
