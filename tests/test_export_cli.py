@@ -6,6 +6,7 @@ import os
 import shutil
 
 import pytest
+import torch
 
 from draftkit.models import resolve
 from draftkit.train.export import main as export_main
@@ -61,3 +62,26 @@ def test_a_draft_length_the_drafter_cannot_propose_is_refused(tmp_path, capsys):
                   "--speculative-tokens", str(block))
     assert f"at most {block - 1} tokens a step" in err
     assert not out.exists()
+
+
+@pytest.mark.parametrize("drafter", ["eagle3", "medusa", "draft"])
+def test_check_loads_the_export_back_with_the_sources_drafts(drafter, tmp_path, capsys):
+    assert export_main([resolve(None, drafter), "--format", "vllm", "--out", str(tmp_path / "exp"), "--check"]) == 0
+    verdict = capsys.readouterr().out.splitlines()[-1]
+    method = "standalone" if drafter == "draft" else drafter
+    assert verdict.startswith(f"check: {tmp_path / 'exp'} loads back as draftkit's {method};"), verdict
+    assert "identical to plain decoding" in verdict and "the same drafts as the source" in verdict, verdict
+
+
+def test_check_fails_on_an_export_that_drafts_differently(tmp_path, capsys):
+    from safetensors.torch import load_file, save_file
+
+    from draftkit.train.export_check import CheckFailed, check_export
+
+    src, out = resolve(None, "eagle3"), tmp_path / "exp"
+    assert export_main([src, "--format", "vllm", "--out", str(out)]) == 0
+    state = load_file(str(out / "model.safetensors"))
+    state["fc.weight"] = state["fc.weight"].flip(0)  # a projection written with its rows out of order
+    save_file(state, str(out / "model.safetensors"))
+    with pytest.raises(CheckFailed, match="drafts differently from the source"):
+        check_export("eagle3", src, str(out), resolve(None, "target"), torch.float16)

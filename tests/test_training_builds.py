@@ -111,16 +111,17 @@ def test_ranks_read_disjoint_rows_of_each_global_batch(tiny):
 def test_real_target_build_commands_parse(tmp_path, mode):
     """recipes/smollm2/build.sh (dry run): prompts, data, EAGLE-3 (on a CPU: then continued on all the data),
     EAGLE-2, the standalone draft, Medusa-1, DFlash, P-EAGLE (from the EAGLE-3 draft), the evaluation of all of
-    them and one export each; every command parsed by its script as the real run would, every path quoted."""
+    them and one export each, loaded back and checked; every command parsed by its script as the real run would,
+    every path quoted."""
     out = tmp_path / "runs with spaces"
     env = {**os.environ, "DRY_RUN": "1", "OUT": str(out)}
     argv = ["bash", "recipes/smollm2/build.sh"] + (["--gpu"] if mode == "gpu" else [])
     printed = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, check=True).stdout
     commands = [shlex.split(line[2:].split(" > ")[0]) for line in printed.splitlines() if line.startswith("+ python")]
     stages = ["chat_prompts", "prepare_data", "eagle"] + (["eagle"] if mode == "cpu" else []) + \
-        ["eagle", "draft", "medusa", "dflash", "eagle", "compare"] + ["export"] * 5
+        ["eagle", "draft", "medusa", "dflash", "eagle", "compare"] + ["export"] * 6
     assert [Path(c[1]).stem for c in commands] == stages
-    data, trains, evaluate, exports = commands[1], commands[2:-6], commands[-6], commands[-5:]
+    data, trains, evaluate, exports = commands[1], commands[2:-7], commands[-7], commands[-6:]
     (out / "prompts.jsonl").write_text("")  # what the first stage writes: the recipes check that their corpus exists
     cfg = parse_config(config_class(importlib.import_module("draftkit.train.prepare_data")), data[2:],
                        ignore_unknown=True)
@@ -153,5 +154,10 @@ def test_real_target_build_commands_parse(tmp_path, mode):
               [("eagle", eagle2), ("peagle", peagle), ("dflash", dflash), ("medusa", medusa), ("draft", draft)]}
     assert flags.eagle3 == str(final) == exports[0][2]
     assert {k: getattr(flags, k) for k in finals} == finals
-    assert [e[2] for e in exports[1:]] == [finals[k] for k in ("eagle", "peagle", "dflash", "medusa")]
+    assert [e[2] for e in exports[1:]] == [finals[k] for k in ("eagle", "peagle", "dflash", "medusa", "draft")]
+    from draftkit.train.export import build_parser
+
+    for e in exports:  # each export names the real target (the standalone draft's vocabulary check) and checks
+        args = build_parser().parse_args(e[2:])
+        assert args.format == "vllm" and args.target == "smollm2-135m" and args.check
     assert set(flags.drafters.split(",")) >= {"eagle3", "eagle", "peagle", "dflash", "medusa", "standalone"}

@@ -24,6 +24,11 @@ vLLM's dflash method and SGLang's DFLASH load; sglang is refused in favour of it
   medusa-original  Medusa only: FasterDecoding/Medusa (medusa_lm_head.safetensors and .pt, config medusa_num_heads).
 EAGLE drafts in draftkit's own layout are refused for every engine (not reference-exact): retrain them with
 `--layout reference` (train/eagle.py). A refusal is one line on stderr and exit code 2.
+
+--check then loads the written folder back as draftkit's own drafter and decodes two short prompts greedily with
+it and with the source (train/export_check.py): both identical to plain decoding, and, when the export keeps the
+dtype the source stores, the same drafts at every step; a failed check is one line and exit code 1 (the folder
+stays, for inspection).
 """
 from __future__ import annotations
 
@@ -168,10 +173,15 @@ def build_parser() -> argparse.ArgumentParser:
                         "at least 1, and for DFlash at most its block size - 1)")
     p.add_argument("--force", action="store_true",
                    help="write into a non-empty --out (files of the same name are replaced; default: refuse)")
+    p.add_argument("--check", action="store_true",
+                   help="after writing, load the folder back as draftkit's drafter and decode two prompts with it "
+                        "and with the source (loads the target; about a minute for a 135M target on 2 CPU cores): "
+                        "exit 1 if it drafts differently or loses losslessness (default: off)")
     return p
 
 
-def export(args) -> tuple[str, list[str]]:
+def export(args) -> tuple[str, list[str], str, str]:
+    """Write the export; (message, serve commands, the draftkit method that loads it back, the target)."""
     src = os.path.abspath(args.drafter)
     out = os.path.abspath(args.out)
     if not os.path.isdir(src):
@@ -234,13 +244,14 @@ def export(args) -> tuple[str, list[str]]:
         target = args.target or _default_target(src, "")
         msg = export_standalone(src, args.format, out, target, dtype)
         eagle3 = False
-    return f"wrote {args.out}: {msg}", serve_commands(kind, args.format, out, target, eagle3, k)
+    method = "eagle3" if kind == "eagle" and eagle3 else kind  # the draftkit drafter that loads the folder back
+    return f"wrote {args.out}: {msg}", serve_commands(kind, args.format, out, target, eagle3, k), method, target
 
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        msg, commands = export(args)
+        msg, commands, method, target = export(args)
     except (ExportRefused, ValueError, FileNotFoundError, OSError) as e:
         print("export: error: " + " ".join(str(e).split()), file=sys.stderr)
         return 2
@@ -248,6 +259,15 @@ def main(argv=None) -> int:
     print("serve it with:")
     for c in commands:
         print("  " + c)
+    if args.check:
+        from draftkit.train.export_check import CheckFailed, check_export
+
+        try:
+            print(check_export(method, os.path.abspath(args.drafter), os.path.abspath(args.out), target,
+                               DTYPES[args.dtype]))
+        except CheckFailed as e:
+            print(f"export: check failed: {e} ({args.out} is kept)", file=sys.stderr)
+            return 1
     return 0
 
 

@@ -13,7 +13,8 @@
 #   peagle    P-EAGLE, started from the EAGLE-3 draft (recipes/smollm2/peagle.yaml)
 #   evaluate  compare.py on the chat set and HumanEval, chat-templated, greedy (the new drafts beside the
 #             training-free drafters)
-#   export    the folders vLLM and SGLang load (train/export.py --format vllm), one per draft
+#   export    the folders vLLM and SGLang load (train/export.py --format vllm), one per draft, each loaded back
+#             and checked against its source (--check: same drafts, output identical to plain decoding)
 # A stage whose output exists is skipped; a killed stage resumes (shards, checkpoints). Logs: <OUT>/<stage>.log.
 #   OUT=runs/smollm2    where everything goes (any path)
 #   DRY_RUN=1           print the commands (and which stages are done) without running anything
@@ -81,10 +82,10 @@ run_stage evaluate "$OUT/compare/compare.json" python eval/compare.py --target s
   --medusa "$OUT/medusa1/final" --draft "$OUT/draft/final" \
   --tasks chat,humaneval --prompts 2 --max-new-tokens 96 --repeats 1 --out "$OUT/compare"
 run_stage export "$OUT/export-vllm/config.json" python train/export.py "$FINAL" --format vllm \
-  --out "$OUT/export-vllm"
-for kind in eagle2 peagle dflash medusa1; do
+  --out "$OUT/export-vllm" --target smollm2-135m --check
+for kind in eagle2 peagle dflash medusa1 draft; do
   run_stage "export-$kind" "$OUT/export-vllm-$kind/config.json" python train/export.py "$OUT/$kind/final" \
-    --format vllm --out "$OUT/export-vllm-$kind"
+    --format vllm --out "$OUT/export-vllm-$kind" --target smollm2-135m --check
 done
 echo "ship them: python train/ship.py --name smollm2-135m/eagle --source $(printf '%q' "$OUT/eagle2/final") --recipe recipes/smollm2/eagle2.yaml --command \"bash recipes/smollm2/build.sh\""
 echo "           python train/ship.py --name smollm2-135m/eagle3 --source $(printf '%q' "$FINAL") --recipe recipes/smollm2/eagle3$([[ $GPU == 1 ]] || echo _continue).yaml --command \"bash recipes/smollm2/build.sh\""
