@@ -27,10 +27,12 @@ class CheckFailed(RuntimeError):
 
 
 def stored_dtype(folder: str) -> torch.dtype | None:
-    """The dtype of the first floating-point tensor a folder's safetensors files hold (None: none there)."""
+    """The dtype of the first floating-point tensor of the drafter's weights (model.safetensors; a Medusa-2
+    folder's adapter beside it is the target's, not the export's), else of any safetensors file; None: none."""
     from safetensors import safe_open
 
-    for path in sorted(glob.glob(os.path.join(folder, "*.safetensors"))):
+    main = os.path.join(folder, "model.safetensors")
+    for path in [main] if os.path.exists(main) else sorted(glob.glob(os.path.join(folder, "*.safetensors"))):
         with safe_open(path, "pt") as fh:
             for name in fh.keys():
                 dtype = SAFETENSORS_DTYPES.get(fh.get_slice(name).get_dtype())
