@@ -179,16 +179,22 @@ MODEL_FLAGS = {"--draft": ("standalone",), "--medusa": ("medusa",), "--eagle": (
                "--eagle3": ("eagle3",), "--peagle": ("peagle",), "--dflash": ("dflash",)}
 
 
+def _family(args) -> str | None:
+    """The named real target --target is (by name or as its GGUF file), or None."""
+    from draftkit.gguf import REAL_TARGETS, real_name
+
+    return args.target if args.target in REAL_TARGETS else real_name(args.target or "")
+
+
 def _unshipped(args) -> set[str]:
     """Drafters whose model the zoo does not ship yet (for a named real target: not for it) and no flag names: `all`
     leaves them out."""
     from draftkit.drafters.registry import REGISTRY
     from draftkit.zoo import available
 
-    from draftkit.gguf import REAL_TARGETS, real_name
     from draftkit.zoo import shipped_for
 
-    family = args.target if args.target in REAL_TARGETS else real_name(args.target or "")
+    family = _family(args)
     if family is None:
         shipped = set(available())
         return {name for name, e in REGISTRY.items() if e.train_hint and e.default_model not in shipped
@@ -200,6 +206,18 @@ def _unshipped(args) -> set[str]:
             and getattr(args, e.default_model, None) is None}
 
 
+def unshipped_error(args, missing: list[str]) -> str:
+    """The one line for drafters named in --drafters whose draft the zoo does not ship (for this target)."""
+    from draftkit.drafters.registry import REGISTRY
+
+    e, family = REGISTRY[missing[0]], _family(args)
+    how = "recipes/smollm2/build.sh trains every draft for it" if family else \
+        e.train_hint or "train one with the recipes under recipes/"
+    also = f" ({', '.join(missing[1:])} too)" if missing[1:] else ""
+    return (f"--drafters: {missing[0]} needs a {e.default_model} draft and none is shipped"
+            f"{' for ' + family if family else ''}{also}: {how}, then pass its folder with --{e.default_model} DIR")
+
+
 def check_drafters(args, choices) -> None:
     from draftkit.drafters.registry import REGISTRY, uses
     from draftkit.eval.drafter_flags import drafter_settings
@@ -207,6 +225,9 @@ def check_drafters(args, choices) -> None:
     if args.drafters.strip() == "all":
         choices = tuple(c for c in choices if c not in _unshipped(args))
     args.drafter_names = check.names("--drafters", args.drafters, choices, "all")
+    missing = [n for n in args.drafter_names if n in _unshipped(args)]
+    if missing:  # named on purpose: refused before any model loads, not a FAILED row after the others ran
+        raise UsageError(unshipped_error(args, missing))
     running = set(args.drafter_names)  # with a hybrid's members, which the model flags may feed
     for name in set(args.drafter_names) & set(REGISTRY):
         running.update(uses(name, **drafter_settings(args, name)))

@@ -239,3 +239,12 @@ def test_footprint_counts_what_the_drafter_adds():
     mem = footprint(d, target)
     assert mem["params"] == 32 * 4 and mem["kv"] == 0
     assert mem["buffers"] >= 10 and param_count(d, target) == 32
+
+
+def test_a_named_drafter_without_a_draft_for_the_real_target_is_one_line(capsys, no_models):
+    # `all` leaves out what is not shipped for the target; a drafter named on purpose is refused before any model
+    # loads (it used to run every other row for minutes and then print a FAILED row)
+    line = usage_error(capsys, "--target", "smollm2-135m", "--drafters", "suffix,medusa,peagle")
+    assert line.startswith("compare.py: error: --drafters: medusa needs a medusa draft and none is shipped for "
+                           "smollm2-135m (peagle too): recipes/smollm2/build.sh"), line
+    assert line.endswith("then pass its folder with --medusa DIR"), line
