@@ -40,6 +40,16 @@ def model_key(model) -> str:
     return f"{name}|{params}|{model.dtype}|{model.device}"
 
 
+def head_key(model) -> str:
+    """The LM head's layout by row count (verify/head.py), which the curve depends on: "" where it is the model's
+    own at every size."""
+    from draftkit.verify.head import _head, transposed_buckets
+
+    head = _head(model)
+    rows = transposed_buckets(head) if head is not None else []
+    return f"|head-transposed{','.join(map(str, rows))}" if rows else ""
+
+
 def path_of(verifier) -> str:
     """The forward path a verifier runs: eager (None or dynamic), static or compiled."""
     if verifier is None or not verifier.static:
@@ -141,7 +151,7 @@ class CostProfile:
                 bucket //= 2
             if bucket + max(sizes) + 2 > verifier.kv.capacity:
                 verifier, forward, sizes = None, "eager", PROFILE_SIZES  # no room to time trees: the eager curve
-        key = f"{machine_key(model.device)}|{model_key(model)}|ctx{bucket}" + \
+        key = f"{machine_key(model.device)}|{model_key(model)}|ctx{bucket}{head_key(model)}" + \
             ("" if forward == "eager" else f"|{forward}|n{max(sizes)}")
         file = _cache_dir() / (hashlib.sha256(key.encode()).hexdigest()[:20] + ".json")
         if cache and file.exists() and not refresh:

@@ -40,6 +40,7 @@ from draftkit.verify.attention_layout import AttentionLayout, per_layer_type
 from draftkit.verify.cache import KVBuffer
 from draftkit.verify.layer_tap import LayerTap
 from draftkit.verify.contract import DraftTree
+from draftkit.verify.head import rows_first_head
 from draftkit.verify.step import SHARED, Piece, StepInputs
 from draftkit.verify.tree import MaskBuffer
 from draftkit.verify.tree_probe import TreeAttentionUnsupported, probe_tree_attention
@@ -213,7 +214,8 @@ class Verifier:
         if tap is not None:  # eager: hooks keep the layers asked for; the model returns no hidden states
             inputs["output_hidden_states"] = False
         try:
-            with tap.capture(hidden_layers) if tap is not None else nullcontext({}) as tapped:
+            head = rows_first_head(self.model) if forward is self.model else nullcontext()  # verify/head.py
+            with tap.capture(hidden_layers) if tap is not None else nullcontext({}) as tapped, head:
                 out = forward(cache=self.kv, use_cache=True, **inputs)
         finally:
             self.kv.end_forward()

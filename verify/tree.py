@@ -25,6 +25,7 @@ import torch
 from draftkit.verify.attention_layout import per_layer_type
 from draftkit.verify.cache import KVBuffer
 from draftkit.verify.contract import DraftTree
+from draftkit.verify.head import rows_first_head
 
 
 def verify_block(tree: DraftTree, prefix_len: int) -> torch.Tensor:
@@ -143,6 +144,7 @@ def run_model(model, kv: KVBuffer, masks: MaskBuffer | None, block: torch.Tensor
         inputs["position_ids"] = positions(kv.lengths, offsets)
         inputs["attention_mask"] = per_layer_type(model, full, inputs["position_ids"], kv.lengths, block.shape[-1])
     try:
-        return model(cache=kv, use_cache=True, **inputs)
+        with rows_first_head(model):  # verify/head.py
+            return model(cache=kv, use_cache=True, **inputs)
     finally:
         kv.end_forward()
