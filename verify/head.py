@@ -23,7 +23,7 @@ import torch.nn.functional as F
 
 ROW_BUCKETS = (2, 4, 8, 16, 32, 64)  # row counts measured; a step uses the largest bucket at or below its rows
 CLEAR_WIN = 0.85  # the transposed layout must take at most this share of the Linear's time
-REPS = 2  # timings per layout and bucket (the minimum counts)
+MIN_REPS, MAX_REPS, MIN_SECONDS = 3, 200, 0.05  # timings per layout and bucket (module notes of _measure)
 TABLE_TTL_S = 24 * 3600  # as the cost profiles: measured again a day later
 
 
@@ -47,21 +47,25 @@ def _transposed(head: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
 
 @torch.no_grad()
 def _measure(head: torch.nn.Linear) -> list[int]:
-    """The buckets where the transposed layout is clearly faster than the Linear."""
+    """The buckets where the transposed layout is clearly faster than the Linear: the two timed alternately (a
+    drift of the machine hits both), at least MIN_REPS times and until MIN_SECONDS are spent on the bucket, so
+    that a head of a few hundred microseconds is not decided by one noisy reading; the minimum counts."""
     faster = []
     w = head.weight
     for rows in ROW_BUCKETS:
         x = torch.randn(rows, w.shape[1], generator=torch.Generator().manual_seed(rows)).to(w.dtype)
-        best = {}
-        for layout, fn in (("linear", lambda: F.linear(x, w, head.bias)), ("transposed", lambda: _transposed(head, x))):
+        layouts = {"linear": lambda: F.linear(x, w, head.bias), "transposed": lambda: _transposed(head, x)}
+        times = {name: [] for name in layouts}
+        for fn in layouts.values():
             fn()  # warm up
-            times = []
-            for _ in range(REPS):
+        spent = 0.0
+        while len(times["linear"]) < MIN_REPS or (spent < MIN_SECONDS and len(times["linear"]) < MAX_REPS):
+            for name, fn in layouts.items():
                 t0 = time.perf_counter()
                 fn()
-                times.append(time.perf_counter() - t0)
-            best[layout] = min(times)
-        if best["transposed"] <= CLEAR_WIN * best["linear"]:
+                times[name].append(time.perf_counter() - t0)
+                spent += times[name][-1]
+        if min(times["transposed"]) <= CLEAR_WIN * min(times["linear"]):
             faster.append(rows)
     return faster
 
