@@ -32,6 +32,7 @@ PRESETS = {
 
 
 CHAT_PRESET_TASKS = ("chat", "humaneval")  # the tasks of every preset when the target has a chat template
+CHAT_QUICK_PROMPTS = 1  # --quick's prompts per task there (13 tasks, each its own row)
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter):
@@ -115,7 +116,9 @@ def build_parser(description: str | None = None) -> Parser:
     add_drafter_flags(ap)
     preset = ap.add_mutually_exclusive_group()
     preset.add_argument("--quick", action="store_true", help="smoke run: " + ", ".join(
-        f"{k.replace('_', '-')} {v}" for k, v in PRESETS["quick"].items()) + " (explicit flags win)")
+        f"{k.replace('_', '-')} {v}" for k, v in PRESETS["quick"].items()) + f"; with a chat target, tasks "
+        f"{','.join(CHAT_PRESET_TASKS)} with {CHAT_QUICK_PROMPTS} prompt each, first turns only; all: each method "
+        "once, without eagle-chain (explicit flags win)")
     preset.add_argument("--full", action="store_true", help="the README's table: " + ", ".join(
         f"{k.replace('_', '-')} {v}" for k, v in PRESETS["full"].items()) + " (explicit flags win)")
     ap.add_argument("--out", help="results folder (default: runs/compare/<date-time>/)")
@@ -129,6 +132,7 @@ def parse_args(argv=None, description: str | None = None) -> argparse.Namespace:
     """Parse, then fill what no flag gave from the preset (so an explicit flag always wins)."""
     args = build_parser(description).parse_args(argv)
     args.preset = "quick" if args.quick else "full" if args.full else "default"
+    args.first_turns = False  # only the first turn of multi-turn chat prompts (--quick on a chat target)
     args.explicit = sorted(k for k in PRESETS[args.preset] if getattr(args, k) is not None)
     for key, value in PRESETS[args.preset].items():
         if getattr(args, key) is None:
@@ -224,6 +228,8 @@ def check_drafters(args, choices) -> None:
 
     if args.drafters.strip() == "all":
         choices = tuple(c for c in choices if c not in _unshipped(args))
+        if args.preset == "quick":  # a smoke run: each method once (eagle-chain is EAGLE-2's draft as a chain)
+            choices = tuple(c for c in choices if c != "eagle-chain")
     args.drafter_names = check.names("--drafters", args.drafters, choices, "all")
     missing = [n for n in args.drafter_names if n in _unshipped(args)]
     if missing:  # named on purpose: refused before any model loads, not a FAILED row after the others ran
@@ -328,6 +334,9 @@ def prepare(argv, description: str | None = None):
     path, context, tok = target_info(args.target)
     if texts is None and "tasks" not in args.explicit and getattr(tok, "chat_template", None):
         args.task_names = list(CHAT_PRESET_TASKS)  # a chat model: what its users send, not text to continue
+        if args.preset == "quick" and "prompts" not in args.explicit:
+            args.prompts = CHAT_QUICK_PROMPTS  # 13 tasks (12 categories and HumanEval): one prompt each is a smoke run
+            args.first_turns = True  # and no second turns (each needs the target's answer to its first)
     check.fits_context(context, args.max_new_tokens, None if texts is not None else args.prompt_len)
     args.grammars = task_grammars(args, tok, args.task_names or sorted({t.task for t in texts}))
     tasks = build_prompts(args, tok, texts)

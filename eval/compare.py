@@ -214,6 +214,8 @@ def follow_up(args, target, tok, tasks) -> None:
     """Spec-Bench's second turns: each follows the target's own greedy answer to the first (written here, untimed)."""
     from draftkit.eval.chat_tasks import follow_turns
 
+    if getattr(args, "first_turns", False):
+        return
     if any(p.later_turns for prompts in tasks.values() for p in prompts):
         added = follow_turns(tasks, target, tok, args.max_new_tokens, None)
         print(f"second turns: {added} prompts follow the target's own answer to their first turn")

