@@ -447,3 +447,32 @@ def test_first_children_counts_the_accepted_path_through_first_children():
     assert tree.first_children([0, 2, 5]) == 2
     assert tree.first_children([0, 3]) == 1
     assert tree.first_children([1, 3]) == 0 and tree.first_children([]) == 0
+
+
+def test_a_new_sequence_starts_from_a_few_observations_and_probes_at_once():
+    """What a drafter passed on earlier requests says little about the next text (suffix on a real chat model:
+    nothing on chat, most of a summary): a policy that learned to idle starts a new sequence from at most CARRY
+    observations a level, its rate kept, and probes on its first idle step; a passing probe then lets it draft
+    deep within a few steps."""
+    import draftkit.verify.controller as ctl
+
+    profile = flat(0.05, plain_s=0.01)
+    policy = AutoBudget(None, Budget(4, 4), profile=profile, cache_profile=False)
+    feed(policy, 300, depth=4, accepted=0, draft_s=0.0002, verify_s=0.012)
+    before = policy.acceptance.rates()[0]
+    assert policy.acceptance.reached[0].value > ctl.CARRY and before < 0.1
+    policy.start(50)
+    assert policy.acceptance.reached[0].value == pytest.approx(ctl.CARRY)
+    assert before < policy.acceptance.rates()[0] < policy.acceptance.prior_rate
+    given = []
+    for _ in range(8):  # the new text: whatever is drafted passes
+        b = policy.budget(100)
+        given.append(b.max_depth)
+        if b.max_depth:
+            policy.observe(StepStats(b.max_nodes, b.max_depth, b.max_depth, b.max_depth + 1, 0.0002,
+                                     profile.plain_s * profile.c(b.max_nodes), budget_depth=b.max_depth,
+                                     budget_nodes=b.max_nodes), 100)
+        else:
+            policy.observe(StepStats(0, 0, 0, 1, 0.0, profile.plain_s), 100)
+    assert given[0] >= 1  # it drafts (or probes) at once
+    assert max(given) == 4, given

@@ -44,7 +44,14 @@ every node is a row of a forward that is already many rows (the batch planner of
 
 When D* = 0 the drafter idles, and every `probe_every` plain steps (doubling up to 32 while probes
 keep losing) it drafts one level of at most two nodes to re-measure, so a method that starts paying on
-later text is picked up again while a silent one costs next to nothing. Within a step, `Budget.min_path_prob`
+later text is picked up again while a silent one costs next to nothing.
+
+A policy keeps what it learned across sequences, but a new sequence is new text: what a drafter passed on the
+last requests says little about this one's (suffix on a real chat model: no draft passing on eight categories of
+chat, then nearly every token of a summary quoting its passage). So at each sequence's start every level's
+acceptance evidence is held to at most CARRY observations (its rate kept, the prior's share back), the probe
+back-off starts over, and the first idle step probes: shared across the chat set's categories in order, suffix had
+learned to idle and reached the summarization prompt at tau 1.07, where a fresh policy drafted at tau 10.7. Within a step, `Budget.min_path_prob`
 tells a drafter with path confidences (EAGLE-2, standalone trees) to stop expanding paths whose draft probability is
 below what one more depth costs.
 """
@@ -73,6 +80,7 @@ DRAFT_MARGIN = 0.03  # drafting must beat a plain step by 3% in the model: the b
 # lost 2.5-4.4% of plain sampling in practice (Medusa on prose at T = 0.8, two paired runs of eval/bench_silent.py).
 # The batch planner (verify/batch_plan.py) holds its plans to the same margin over all-plain
 REALIZED_KEEP = 0.95  # memory of each shape's realized rate: about 20 drafted steps
+CARRY = 4.0  # observations' worth of acceptance evidence per level a new sequence starts from (module docstring)
 
 
 def seeds_speedup(alpha: float, k: int, phi: float) -> float:
@@ -140,6 +148,14 @@ class AcceptanceModel:
             out.append((p.value + w * prior) / (r.value + w) if r.value + w > 0 else prior)
             prior = min(prior, out[-1])
         return out
+
+    def carry_over(self, most: float) -> None:
+        """A new text: each level's evidence scaled down to at most `most` observations, its rate kept (and so the
+        prior's weight partly back, rates())."""
+        for p, r in zip(self.passed, self.reached):
+            if r.value > most:
+                f = most / r.value
+                p.value, r.value = p.value * f, r.value * f
 
     def reach(self) -> list[float]:
         """R_d for d = 1..max_depth: the chance the accepted path reaches depth d."""
@@ -233,6 +249,9 @@ class AutoBudget:
     def start(self, prompt_len: int) -> None:
         self._lanes, self._observed_at, self._idle_plan = 1, None, None
         self._first = True  # the sequence's first drafted step is still to come: it catches up on the prompt
+        for model in (self.acceptance, self.chain_acceptance):  # new text (module docstring)
+            model.carry_over(CARRY)
+        self._probe_wait, self._idle = self.probe_every, self.probe_every - 1  # its first idle step probes
         path = path_of(self.verifier)
         if self.profile is None or context_bucket(prompt_len) != self.profile.context or path != self.profile.path:
             self.profile = CostProfile.for_model(self.model, prompt_len, cache=self.cache_profile,
