@@ -147,6 +147,8 @@ class HybridDrafter:
     def reset(self, prompt) -> None:
         for m in self.members:
             m.drafter.reset(prompt)
+            if m.skipping:  # a new text: a member skipped on the last ones is probed at once, its back-off over
+                m.wait, m.idle = self.probe_every, self.probe_every  # (suffix: idle on chat, then a summary)
         self._last_step = None  # the first step of a sequence says nothing about the rate
 
     def forget(self) -> None:

@@ -186,6 +186,18 @@ def test_a_member_that_is_always_wrong_gets_no_nodes_and_is_skipped():
     assert hybrid.member_accepted["wrong"] == 0 and hybrid.member_accepted["suffix"] > 0
 
 
+def test_a_member_skipped_on_earlier_texts_is_probed_at_a_new_ones_first_step():
+    # a member that paid nothing on the last requests may pay on the next (suffix: idle on chat, then a summary
+    # that quotes its passage): a new sequence probes it at once instead of after its doubled wait
+    hybrid = HybridDrafter([("a", SuffixDrafter()), ("b", SuffixDrafter())], probe_every=4)
+    first = hybrid.members[0]
+    first.skipping, first.wait, first.idle = True, 16, 3  # backed off on the last texts, 13 steps to go
+    assert first not in hybrid._asked(0.0)
+    hybrid.reset(PROMPTS[0])
+    asked = hybrid._asked(0.0)
+    assert first in asked and first.probe and first.wait == 4
+
+
 class Fixed:
     """Always the same chain."""
 
