@@ -38,7 +38,8 @@ its best possible node (depth 1, rank 0) clears the floor; under a fixed budget,
 change the tree (one seed reproduces a sample), when it is credited FIXED_MIN_VALUE tokens per step it was asked
 and its best node clears the floor. A member that does not pay is not even
 asked (its drafting cost is saved) and is probed again after `probe_every` steps, the wait
-doubling up to 16 steps while probes keep losing; a probe keeps the member's draws whatever their
+doubling up to 16 steps while probes keep losing, and at the first step of every new sequence (new text: suffix
+skipped on chat prompts pays on a summary that quotes its passage); a probe keeps the member's draws whatever their
 chance, so that its calibration is measured again.
 
 Sampling stays exact: every member's tree is exact on its own (deterministic, i.i.d. or without
