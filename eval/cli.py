@@ -226,12 +226,13 @@ def check_drafters(args, choices) -> None:
     from draftkit.drafters.registry import REGISTRY, uses
     from draftkit.eval.drafter_flags import drafter_settings
 
+    unshipped = _unshipped(args)
     if args.drafters.strip() == "all":
-        choices = tuple(c for c in choices if c not in _unshipped(args))
+        choices = tuple(c for c in choices if c not in unshipped)
         if args.preset == "quick" and is_real(args.target):  # a smoke run on a real target (about 15 tokens/s on
             choices = tuple(c for c in choices if c != "eagle-chain")  # a CPU): eagle-chain is EAGLE-2 as a chain
     args.drafter_names = check.names("--drafters", args.drafters, choices, "all")
-    missing = [n for n in args.drafter_names if n in _unshipped(args)]
+    missing = [n for n in args.drafter_names if n in unshipped]
     if missing:  # named on purpose: refused before any model loads, not a FAILED row after the others ran
         raise UsageError(unshipped_error(args, missing))
     running = set(args.drafter_names)  # with a hybrid's members, which the model flags may feed

@@ -214,7 +214,7 @@ def follow_up(args, target, tok, tasks) -> None:
     """Spec-Bench's second turns: each follows the target's own greedy answer to the first (written here, untimed)."""
     from draftkit.eval.chat_tasks import follow_turns
 
-    if getattr(args, "first_turns", False):
+    if args.first_turns:  # --quick on a chat target (eval/cli.prepare)
         return
     if any(p.later_turns for prompts in tasks.values() for p in prompts):
         added = follow_turns(tasks, target, tok, args.max_new_tokens, None)

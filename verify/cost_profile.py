@@ -20,12 +20,22 @@ from pathlib import Path
 
 import torch
 
+from draftkit.verify.head import head_layout_key
+
 PROFILE_SIZES = (1, 2, 4, 8, 16, 32, 64)
 PROFILE_TTL_S = 24 * 3600
 
 
 def _cache_dir() -> Path:
     return Path(os.environ.get("DRAFTKIT_CACHE", Path.home() / ".cache" / "draftkit")) / "cost"
+
+
+def save_json(file: Path, data: dict) -> None:
+    """`data` written to `file` whole or not at all (a measurement saved for later processes)."""
+    file.parent.mkdir(parents=True, exist_ok=True)
+    tmp = file.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data))
+    tmp.replace(file)
 
 
 def machine_key(device=None) -> str:
@@ -38,16 +48,6 @@ def model_key(model) -> str:
     params = sum(p.numel() for p in model.parameters())
     name = str(getattr(model.config, "_name_or_path", "") or type(model).__name__)
     return f"{name}|{params}|{model.dtype}|{model.device}"
-
-
-def head_key(model) -> str:
-    """The LM head's layout by row count (verify/head.py), which the curve depends on: "" where it is the model's
-    own at every size."""
-    from draftkit.verify.head import _head, transposed_buckets
-
-    head = _head(model)
-    rows = transposed_buckets(head) if head is not None else []
-    return f"|head-transposed{','.join(map(str, rows))}" if rows else ""
 
 
 def path_of(verifier) -> str:
@@ -151,7 +151,7 @@ class CostProfile:
                 bucket //= 2
             if bucket + max(sizes) + 2 > verifier.kv.capacity:
                 verifier, forward, sizes = None, "eager", PROFILE_SIZES  # no room to time trees: the eager curve
-        key = f"{machine_key(model.device)}|{model_key(model)}|ctx{bucket}{head_key(model)}" + \
+        key = f"{machine_key(model.device)}|{model_key(model)}|ctx{bucket}{head_layout_key(model)}" + \
             ("" if forward == "eager" else f"|{forward}|n{max(sizes)}")
         file = _cache_dir() / (hashlib.sha256(key.encode()).hexdigest()[:20] + ".json")
         if cache and file.exists() and not refresh:
@@ -169,8 +169,5 @@ class CostProfile:
             "draftkit: measured this model's verify cost curve (%s forward) at context %d once (%.1f s)%s",
             forward, bucket, time.perf_counter() - t0, f"; saved under {file.parent} for later calls" if cache else "")
         if cache:
-            file.parent.mkdir(parents=True, exist_ok=True)
-            tmp = file.with_suffix(".tmp")
-            tmp.write_text(json.dumps(asdict(prof)))
-            tmp.replace(file)  # never a half-written profile
+            save_json(file, asdict(prof))
         return prof

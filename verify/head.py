@@ -79,31 +79,42 @@ def _table_file(head: torch.nn.Linear):
 
 def transposed_buckets(head: torch.nn.Linear) -> list[int]:
     """The row buckets this head runs transposed at: measured once (saved for a day), then read."""
-    threads = torch.get_num_threads()
-    known = head.__dict__.setdefault("_draftkit_rows_first", {})
-    if threads in known:
-        return known[threads]
+    from draftkit.verify.cost_profile import save_json
+
     file = _table_file(head)
     try:
         saved = json.loads(file.read_text())
         if time.time() - saved["measured_at"] < TABLE_TTL_S:
-            known[threads] = list(saved["transposed"])
-            return known[threads]
+            return list(saved["transposed"])
     except (OSError, ValueError, KeyError, TypeError):
         pass  # absent or damaged: measure
     t0 = time.perf_counter()
-    known[threads] = _measure(head)
+    buckets = _measure(head)
     logging.getLogger("draftkit").info(
         "draftkit: timed the %s LM head's two layouts once (%.2f s): transposed at rows %s", tuple(head.weight.shape),
-        time.perf_counter() - t0, known[threads] or "none")
+        time.perf_counter() - t0, buckets or "none")
     try:
-        file.parent.mkdir(parents=True, exist_ok=True)
-        tmp = file.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"transposed": known[threads], "measured_at": time.time()}))
-        tmp.replace(file)
+        save_json(file, {"transposed": buckets, "measured_at": time.time()})
     except OSError:
         pass  # a read-only cache: measured again next process
+    return buckets
+
+
+def _layout(head: torch.nn.Linear) -> frozenset[int]:
+    """transposed_buckets for this thread count, kept on the head: a forward reads it without touching the disk."""
+    known = head.__dict__.setdefault("_draftkit_rows_first", {})
+    threads = torch.get_num_threads()
+    if threads not in known:
+        known[threads] = frozenset(transposed_buckets(head))
     return known[threads]
+
+
+def head_layout_key(model) -> str:
+    """The LM head's layout by row count, which a verify cost curve depends on (verify/cost_profile.py): "" where
+    it is the model's own at every size."""
+    head = _head(model)
+    rows = sorted(_layout(head)) if head is not None else []
+    return f"|head-transposed{','.join(map(str, rows))}" if rows else ""
 
 
 def _bucket(rows: int) -> int:
@@ -114,11 +125,8 @@ def _bucket(rows: int) -> int:
 def rows_first_head(model):
     """Within: the model's LM head runs W @ x^T for the row counts measured faster that way (module notes)."""
     head = _head(model)
-    if head is None or "forward" in head.__dict__:  # not a CPU Linear, or already inside this context
-        yield
-        return
-    buckets = set(transposed_buckets(head))
-    if not buckets:
+    buckets = _layout(head) if head is not None and "forward" not in head.__dict__ else None
+    if not buckets:  # not a CPU Linear, already inside this context, or the Linear is as fast everywhere
         yield
         return
 
