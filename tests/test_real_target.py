@@ -18,31 +18,52 @@ TEMPLATE = ("{% for m in messages %}<s>{{ m['role'] }}: {{ m['content'] }}</s>{%
             "{% if add_generation_prompt %}<s>assistant:{% endif %}")
 
 
-def write_tiny_gguf(path: str, seed: int = 0, leave_out: tuple[str, ...] = ()) -> None:
-    """A 2-layer Llama in GGUF (fp32 tensors) with a byte-ish vocabulary and a chat template; the tensors named
-    in `leave_out` are not written."""
+TOKENS = [chr(c) for c in range(97, 123)] + [" ", ":", "<s>", "</s>"]
+
+
+def gguf_writer(path: str, arch: str, hidden: int, layers: int, ff: int, heads: int, kv: int, head_dim=None,
+                sliding_window=None):
+    """A GGUFWriter with a small model's header and a byte-ish vocabulary with a chat template; tensors to add."""
     gg = pytest.importorskip("gguf")
-    toks = [chr(c) for c in range(97, 123)] + [" ", ":", "<s>", "</s>"]
-    v, h, layers, heads, kv, ff = len(toks), 32, 2, 4, 2, 64
-    w = gg.GGUFWriter(path, "llama")
+    v = len(TOKENS)
+    w = gg.GGUFWriter(path, arch)
     w.add_name("tiny")
     w.add_context_length(256)
-    w.add_embedding_length(h)
+    w.add_embedding_length(hidden)
     w.add_block_count(layers)
     w.add_feed_forward_length(ff)
     w.add_head_count(heads)
     w.add_head_count_kv(kv)
     w.add_layer_norm_rms_eps(1e-5)
     w.add_rope_freq_base(10000.0)
+    if head_dim:
+        w.add_key_length(head_dim)
+        w.add_value_length(head_dim)
+    if sliding_window:
+        w.add_sliding_window(sliding_window)
     w.add_vocab_size(v)
     w.add_tokenizer_model("gpt2")
-    w.add_token_list(toks)
+    w.add_token_list(TOKENS)
     w.add_token_types([1] * v)
     w.add_token_scores([0.0] * v)
     w.add_token_merges([])
     w.add_bos_token_id(v - 2)
     w.add_eos_token_id(v - 1)
     w.add_chat_template(TEMPLATE)
+    return w
+
+
+def close_gguf(w) -> None:
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def write_tiny_gguf(path: str, seed: int = 0, leave_out: tuple[str, ...] = ()) -> None:
+    """A 2-layer Llama in GGUF (fp32 tensors); the tensors named in `leave_out` are not written."""
+    v, h, layers, heads, kv, ff = len(TOKENS), 32, 2, 4, 2, 64
+    w = gguf_writer(path, "llama", h, layers, ff, heads, kv)
     g = np.random.default_rng(seed)
 
     def t(*shape):
@@ -62,10 +83,25 @@ def write_tiny_gguf(path: str, seed: int = 0, leave_out: tuple[str, ...] = ()) -
             add(p + name + ".weight", t(*shape))
         add(p + "attn_norm.weight", np.ones(h, np.float32))
         add(p + "ffn_norm.weight", np.ones(h, np.float32))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    close_gguf(w)
+
+
+def write_gguf_of(path: str, arch: str, model_type: str, **extra) -> None:
+    """A random 2-layer transformers model of `model_type`, its tensors named as llama.cpp names them for `arch`."""
+    import gguf as gg
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    shape = dict(hidden_size=64, num_hidden_layers=2, intermediate_size=128, num_attention_heads=4,
+                 num_key_value_heads=2)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(AutoConfig.for_model(model_type, vocab_size=len(TOKENS), **shape,
+                                                                  **extra))
+    w = gguf_writer(path, arch, 64, 2, 128, 4, 2, extra.get("head_dim"), extra.get("sliding_window"))
+    names = gg.get_tensor_name_map(gg.MODEL_ARCH[arch.upper()], 2)
+    for name, value in model.state_dict().items():
+        if name != "lm_head.weight" or not model.config.tie_word_embeddings:
+            w.add_tensor(names.get_name(name, try_suffixes=(".weight", ".bias")), (value * 3).numpy())
+    close_gguf(w)
 
 
 @pytest.fixture(scope="module")
@@ -133,6 +169,29 @@ def test_a_gguf_file_transformers_cannot_read_is_refused_naming_its_architecture
     with pytest.raises(ValueError, match=r"odd\.gguf: transformers could not load this GGUF file \(architecture "
                                          r"llama\): Architecture 'llama' is not supported$"):
         dk.load_target(str(path))
+
+
+@pytest.mark.parametrize("arch, model_type, extra", [
+    ("qwen2", "qwen2", {}),  # biased q/k/v projections
+    ("gemma2", "gemma2", {"head_dim": 16, "sliding_window": 8}),  # sliding-window layers, decoded past the window
+])
+def test_gguf_files_of_other_architectures_decode_losslessly(arch, model_type, extra, tmp_path, monkeypatch):
+    monkeypatch.setenv("DRAFTKIT_CACHE", str(tmp_path / "cache"))
+    path = tmp_path / f"{arch}.gguf"
+    write_gguf_of(str(path), arch, model_type, **extra)
+    target, _ = dk.load_target(str(path))
+    assert target.config.model_type == model_type
+    assert getattr(target.config, "sliding_window", None) == extra.get("sliding_window")
+    seed = torch.tensor([3, 4, 5, 6])
+    prompt = torch.cat([seed, dk.generate(target, seed, max_new_tokens=24, eos_token_id=[]).tokens, seed])
+    plain = dk.generate(target, prompt, max_new_tokens=40, eos_token_id=[])
+    assert plain.tokens.tolist() == target.generate(prompt[None], max_new_tokens=40, do_sample=False,
+                                                    eos_token_id=None)[0, prompt.numel():].tolist()
+    for name in ("suffix", "lookahead"):
+        out = dk.generate(target, prompt, drafter=dk.make_drafter(name, target), max_new_tokens=40,
+                          eos_token_id=[], budget="fixed")
+        assert out.tokens.tolist() == plain.tokens.tolist(), name
+        assert out.stats.tau > 1.2, name  # it drafted: the prompt repeats what the model says
 
 
 def test_compare_refuses_a_missing_gguf_in_one_line(capsys):
