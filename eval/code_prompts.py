@@ -16,12 +16,12 @@ import argparse
 import hashlib
 import importlib.metadata as metadata
 import json
-import os
 import random
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from draftkit.atomic import write_text_atomically  # noqa: E402
 from draftkit.corpus import MAX_FILE_BYTES, dependencies  # noqa: E402
 
 DEFAULT_DISTS = ("pytest", "requests", "rich", "click", "jinja2", "networkx")
@@ -126,11 +126,7 @@ def main(argv=None) -> int:
     except UsageError as e:
         print(f"code_prompts.py: error: {e}", file=sys.stderr)
         return 2
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    tmp = args.out + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as fh:
-        fh.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
-    os.replace(tmp, args.out)
+    write_text_atomically(args.out, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
     digest = hashlib.sha256(Path(args.out).read_bytes()).hexdigest()[:12]
     versions = ", ".join(f"{d} {metadata.version(d)}" for d in args.names)
     print(f"wrote {len(rows)} prompts to {args.out} (sha256 {digest}) from {versions}")

@@ -41,6 +41,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import torch  # noqa: E402
 
 import draftkit as dk  # noqa: E402
+from draftkit.atomic import write_text_atomically  # noqa: E402
 from draftkit.eval.divergence import first_divergence  # noqa: E402
 from draftkit.eval.syncs import DeviceShim, SyncCounter  # noqa: E402
 from draftkit.verify.tree_probe import probe_tree_attention  # noqa: E402
@@ -280,9 +281,7 @@ class Check:
         print(f"{name}: {status} in {time.monotonic() - t0:.1f} s" + (f"\n{error}" if error else ""))
 
     def save(self) -> None:
-        tmp = self.path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(self.data, indent=1, default=str))
-        tmp.replace(self.path)
+        write_text_atomically(self.path, json.dumps(self.data, indent=1, default=str))
 
 
 def env(device) -> dict:

@@ -56,3 +56,29 @@ def test_a_static_or_compiled_run_is_priced_on_its_own_forward_path(tmp_path, mo
     assert torch.equal(eager.tokens, plain) and measured_on[-1] is None  # its own (eager) profile
     assert len(list((tmp_path / "cost").glob("*.json"))) == 2
     assert forward.static_verifier(model, 8) is static  # the run's buffer, kept for the next run
+
+
+def test_processes_saving_one_profile_at_once_never_collide(tmp_path):
+    """Two benchmarks measuring the same model and machine save the same file: each writes a scratch file of its
+    own, so neither fails on the other's rename nor leaves a half-written file."""
+    import json
+    import threading
+
+    from draftkit.verify.cost_profile import save_json
+
+    file, errors = tmp_path / "cost" / "profile.json", []
+
+    def save(i):
+        try:
+            for k in range(40):
+                save_json(file, {"writer": i, "k": k, "curve": list(range(200))})
+        except Exception as e:  # noqa: BLE001 - collected for the assertion below
+            errors.append(e)
+    threads = [threading.Thread(target=save, args=(i,)) for i in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert json.loads(file.read_text())["curve"] == list(range(200))
+    assert [p.name for p in file.parent.iterdir()] == ["profile.json"]

@@ -110,6 +110,7 @@ def main(argv=None) -> int:
         ap.error(f"{args.draft} is not a draftkit EAGLE or DFlash draft (config kind {kind!r}); export formats "
                  "do not carry tree_temperature")
     import draftkit as dk
+    from draftkit.atomic import write_text_atomically
     from draftkit.drafters.dflash_formats import load_dflash_draft
     from draftkit.drafters.formats import load_eagle_draft
 
@@ -126,9 +127,7 @@ def main(argv=None) -> int:
     print(f"{args.draft}: tree_temperature {t} ({json.dumps(fit)})")
     if not args.dry_run:
         raw["tree_temperature"] = t
-        with open(config + ".tmp", "w") as fh:
-            json.dump(raw, fh, indent=2)
-        os.replace(config + ".tmp", config)  # never a half-written config
+        write_text_atomically(config, json.dumps(raw, indent=2))  # never a half-written config
     return 0
 
 

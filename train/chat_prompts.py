@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import ast
 import json
-import os
 import random
 from pathlib import Path
 
@@ -144,13 +143,10 @@ def main(argv=None) -> None:
     args = ap.parse_args(argv)
     if args.rows < 1:
         ap.error(f"--rows must be >= 1, got {args.rows}")
+    from draftkit.atomic import write_text_atomically
+
     rows = build(args.rows, args.seed)
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    tmp = args.out + ".tmp"
-    with open(tmp, "w") as fh:
-        for row in rows:
-            fh.write(json.dumps(row) + "\n")
-    os.replace(tmp, args.out)
+    write_text_atomically(args.out, "".join(json.dumps(row) + "\n" for row in rows))
     kinds = {}
     for row in rows:
         kinds[row["kind"]] = kinds.get(row["kind"], 0) + 1

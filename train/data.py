@@ -10,6 +10,7 @@ import os
 
 import torch
 
+from draftkit.atomic import write_atomically
 from draftkit.corpus import (HELDOUT_PERCENT, PROSE_FILE, Corpus, build_corpus, build_local_corpus,  # noqa: F401
                              is_heldout, python_files, stdlib_files)
 
@@ -48,9 +49,7 @@ def pack_tokens(texts, tokenizer, cache_path: str | None = None, chunk: int = 25
             ids.append(eos)
     stream = torch.tensor(ids, dtype=torch.int32)
     if cache_path:
-        os.makedirs(os.path.dirname(cache_path) or ".", exist_ok=True)
-        torch.save(stream, cache_path + ".tmp")
-        os.replace(cache_path + ".tmp", cache_path)
+        write_atomically(cache_path, lambda scratch: torch.save(stream, scratch))  # runs may share the cache
     return stream
 
 

@@ -14,13 +14,13 @@ import os
 import torch
 from tqdm import tqdm
 
+from draftkit.atomic import write_atomically
 from draftkit.train.config import TrainError
 from draftkit.train.data import BlockSampler
 
 
 def save_shard(obj, path: str) -> None:
-    torch.save(obj, path + ".tmp")
-    os.replace(path + ".tmp", path)  # a killed write never leaves a shard that looks complete
+    write_atomically(path, lambda scratch: torch.save(obj, scratch))  # never a shard that only looks complete
 
 
 def render_conversation(tokenizer, messages: list[dict], seq_len: int) -> tuple[list[int], list[bool]]:

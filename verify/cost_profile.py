@@ -20,6 +20,7 @@ from pathlib import Path
 
 import torch
 
+from draftkit.atomic import write_text_atomically
 from draftkit.verify.head import head_layout_key
 
 PROFILE_SIZES = (1, 2, 4, 8, 16, 32, 64)
@@ -31,11 +32,8 @@ def _cache_dir() -> Path:
 
 
 def save_json(file: Path, data: dict) -> None:
-    """`data` written to `file` whole or not at all (a measurement saved for later processes)."""
-    file.parent.mkdir(parents=True, exist_ok=True)
-    tmp = file.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data))
-    tmp.replace(file)
+    """`data` written to `file` whole or not at all (a measurement saved for later processes, draftkit/atomic.py)."""
+    write_text_atomically(file, json.dumps(data))
 
 
 def machine_key(device=None) -> str:
