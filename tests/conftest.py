@@ -9,4 +9,5 @@ os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("WANDB_SILENT", "true")
 # cost profiles measured by the budget controller go to a scratch folder, not the user's cache
 os.environ.setdefault("DRAFTKIT_CACHE", tempfile.mkdtemp(prefix="draftkit-test-cache-"))
-torch.set_num_threads(max(1, min(2, torch.get_num_threads())))
+# two threads, or one per worker when pytest-xdist runs workers side by side on the cores
+torch.set_num_threads(1 if os.environ.get("PYTEST_XDIST_WORKER") else max(1, min(2, torch.get_num_threads())))
