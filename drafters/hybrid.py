@@ -68,8 +68,13 @@ FIXED_MIN_VALUE = 0.05  # under a fixed budget: accepted tokens credited per ask
 @dataclass
 class Calibration:
     """Per member m, depth d and sibling rank r: the chance that a draw of m at (d, r) is accepted once
-    the walk reached its parent, from decayed counts with a prior (prior / (1 + r), weight `weight`).
-    The chance never rises with rank, so the draws a floor keeps at a slot are a prefix of a member's."""
+    the walk reached its parent, from decayed counts with a prior of weight `weight`: `prior` / (1 + r), except
+    that a first-ranked draw below depth 1 takes the chance of the first-ranked draw above it (as the controller's
+    deeper levels take the last tried level's rate). With a flat prior at every depth the deep levels stranded:
+    suffix on SmolLM2's summaries passed 0.82 at depth 3, depths 6-12, never drafted, kept the prior 0.5, their
+    path scores fell under the step's floor, and the hybrid drafted at tau 1.5 beside suffix alone at 3.9.
+    The chance never rises with rank, so the draws a floor keeps at a slot are a prefix of a member's; it depends
+    on past steps only, so it stays exact under sampling (tree_merge.py)."""
 
     members: int
     depth: int
@@ -82,16 +87,28 @@ class Calibration:
     def __post_init__(self):
         shape = lambda: [[[0.0] * RANKS for _ in range(self.depth)] for _ in range(self.members)]  # noqa: E731
         self.reached, self.passed = shape(), shape()
+        self._chances: dict[int, list[list[float]]] = {}  # per member, [depth][rank], until the next observation
 
     def observe(self, m: int, d: int, r: int, accepted: bool) -> None:
         d, r = min(d, self.depth) - 1, min(r, RANKS - 1)
         self.reached[m][d][r] = self.reached[m][d][r] * self.keep + 1.0
         self.passed[m][d][r] = self.passed[m][d][r] * self.keep + float(accepted)
+        self._chances.pop(m, None)
 
     def chance(self, m: int, d: int, r: int) -> float:
         d, r = min(d, self.depth) - 1, min(r, RANKS - 1)
-        reached, passed, w = self.reached[m][d], self.passed[m][d], self.weight
-        return min((passed[k] + w * self.prior / (1 + k)) / (reached[k] + w) for k in range(r + 1))
+        if m not in self._chances:
+            self._chances[m] = self._member_chances(m)
+        return min(self._chances[m][d][: r + 1])
+
+    def _member_chances(self, m: int) -> list[list[float]]:
+        """Member m's chances, [depth][rank]: decayed counts over the prior, depth by depth."""
+        out, w, above = [], self.weight, self.prior
+        for reached, passed in zip(self.reached[m], self.passed[m]):
+            prior = [above] + [self.prior / (1 + k) for k in range(1, RANKS)]
+            out.append([(passed[k] + w * prior[k]) / (reached[k] + w) for k in range(RANKS)])
+            above = out[-1][0]
+        return out
 
 
 @dataclass

@@ -397,3 +397,24 @@ def test_a_sampled_share_counts_only_where_the_members_tried_first_failed():
     assert hybrid._shares([a, b], Budget(2, 2), greedy=False) == {"a": 2, "b": 0}
     assert hybrid._shares([a, b], Budget(4, 4), greedy=False) == {"a": 4, "b": 0}  # 0.21 < 0.8^4 = 0.41
     assert hybrid._shares([a, b], Budget(4, 5), greedy=False)["b"] == 1  # past a's chain: b's 0.21 is the best
+
+
+def test_a_first_ranked_draw_below_depth_one_starts_from_the_chance_above_it():
+    """A member whose first-ranked chain passed at depths 1-3 and was never drafted deeper: depth 4 and beyond take
+    depth 3's chance, not the flat prior (which kept suffix's deep quotes under the floor); later ranks keep the
+    prior / (1 + r), the chance never rises with rank, and a member's evidence leaves the other's untouched."""
+    from draftkit.drafters.hybrid import RANKS, Calibration
+
+    cal = Calibration(members=2, depth=8)
+    for _ in range(30):
+        for d in (1, 2, 3):
+            cal.observe(0, d, 0, accepted=True)
+    deep = [cal.chance(0, d, 0) for d in range(1, 9)]
+    assert deep[2] > 0.9 and all(abs(c - deep[2]) < 1e-9 for c in deep[3:]), deep
+    assert cal.chance(1, 5, 0) == 0.5  # the other member: the prior all the way down
+    assert all(abs(cal.chance(0, 5, r) - 0.5 / (1 + min(r, RANKS - 1))) < 1e-9 for r in range(1, 6))
+    for d in range(1, 9):
+        assert all(cal.chance(0, d, r + 1) <= cal.chance(0, d, r) for r in range(RANKS))
+    for _ in range(30):
+        cal.observe(0, 4, 0, accepted=False)  # depth 4 tried and failed: deeper levels follow it down
+    assert cal.chance(0, 4, 0) < 0.1 and cal.chance(0, 6, 0) < 0.1
