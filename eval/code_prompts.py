@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from draftkit.atomic import write_text_atomically  # noqa: E402
+from draftkit.files import write_text_atomically  # noqa: E402
 from draftkit.corpus import MAX_FILE_BYTES, dependencies  # noqa: E402
 
 DEFAULT_DISTS = ("pytest", "requests", "rich", "click", "jinja2", "networkx")

@@ -41,7 +41,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import torch  # noqa: E402
 
 import draftkit as dk  # noqa: E402
-from draftkit.atomic import write_text_atomically  # noqa: E402
+from draftkit.files import write_text_atomically  # noqa: E402
 from draftkit.eval.divergence import first_divergence  # noqa: E402
 from draftkit.eval.syncs import DeviceShim, SyncCounter  # noqa: E402
 from draftkit.verify.tree_probe import probe_tree_attention  # noqa: E402

@@ -64,14 +64,14 @@ def test_processes_saving_one_profile_at_once_never_collide(tmp_path):
     import json
     import threading
 
-    from draftkit.verify.cost_profile import save_json
+    from draftkit.files import write_text_atomically
 
     file, errors = tmp_path / "cost" / "profile.json", []
 
     def save(i):
         try:
             for k in range(40):
-                save_json(file, {"writer": i, "k": k, "curve": list(range(200))})
+                write_text_atomically(file, json.dumps({"writer": i, "k": k, "curve": list(range(200))}))
         except Exception as e:  # noqa: BLE001 - collected for the assertion below
             errors.append(e)
     threads = [threading.Thread(target=save, args=(i,)) for i in range(6)]

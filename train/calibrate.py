@@ -110,7 +110,7 @@ def main(argv=None) -> int:
         ap.error(f"{args.draft} is not a draftkit EAGLE or DFlash draft (config kind {kind!r}); export formats "
                  "do not carry tree_temperature")
     import draftkit as dk
-    from draftkit.atomic import write_text_atomically
+    from draftkit.files import write_text_atomically
     from draftkit.drafters.dflash_formats import load_dflash_draft
     from draftkit.drafters.formats import load_eagle_draft
 

@@ -143,7 +143,7 @@ def main(argv=None) -> None:
     args = ap.parse_args(argv)
     if args.rows < 1:
         ap.error(f"--rows must be >= 1, got {args.rows}")
-    from draftkit.atomic import write_text_atomically
+    from draftkit.files import write_text_atomically
 
     rows = build(args.rows, args.seed)
     write_text_atomically(args.out, "".join(json.dumps(row) + "\n" for row in rows))

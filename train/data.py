@@ -10,7 +10,7 @@ import os
 
 import torch
 
-from draftkit.atomic import write_atomically
+from draftkit.files import write_atomically
 from draftkit.corpus import (HELDOUT_PERCENT, PROSE_FILE, Corpus, build_corpus, build_local_corpus,  # noqa: F401
                              is_heldout, python_files, stdlib_files)
 

@@ -14,7 +14,7 @@ import os
 import torch
 from tqdm import tqdm
 
-from draftkit.atomic import write_atomically
+from draftkit.files import write_atomically
 from draftkit.train.config import TrainError
 from draftkit.train.data import BlockSampler
 

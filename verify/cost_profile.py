@@ -16,24 +16,14 @@ import os
 import platform
 import time
 from dataclasses import asdict, dataclass
-from pathlib import Path
 
 import torch
 
-from draftkit.atomic import write_text_atomically
+from draftkit.files import cache_root, write_text_atomically
 from draftkit.verify.head import head_layout_key
 
 PROFILE_SIZES = (1, 2, 4, 8, 16, 32, 64)
 PROFILE_TTL_S = 24 * 3600
-
-
-def _cache_dir() -> Path:
-    return Path(os.environ.get("DRAFTKIT_CACHE", Path.home() / ".cache" / "draftkit")) / "cost"
-
-
-def save_json(file: Path, data: dict) -> None:
-    """`data` written to `file` whole or not at all (a measurement saved for later processes, draftkit/atomic.py)."""
-    write_text_atomically(file, json.dumps(data))
 
 
 def machine_key(device=None) -> str:
@@ -151,7 +141,7 @@ class CostProfile:
                 verifier, forward, sizes = None, "eager", PROFILE_SIZES  # no room to time trees: the eager curve
         key = f"{machine_key(model.device)}|{model_key(model)}|ctx{bucket}{head_layout_key(model)}" + \
             ("" if forward == "eager" else f"|{forward}|n{max(sizes)}")
-        file = _cache_dir() / (hashlib.sha256(key.encode()).hexdigest()[:20] + ".json")
+        file = cache_root() / "cost" / (hashlib.sha256(key.encode()).hexdigest()[:20] + ".json")
         if cache and file.exists() and not refresh:
             try:
                 prof = cls(**json.loads(file.read_text()))
@@ -167,5 +157,5 @@ class CostProfile:
             "draftkit: measured this model's verify cost curve (%s forward) at context %d once (%.1f s)%s",
             forward, bucket, time.perf_counter() - t0, f"; saved under {file.parent} for later calls" if cache else "")
         if cache:
-            save_json(file, asdict(prof))
+            write_text_atomically(file, json.dumps(asdict(prof)))
         return prof

@@ -71,15 +71,16 @@ def _measure(head: torch.nn.Linear) -> list[int]:
 
 
 def _table_file(head: torch.nn.Linear):
-    from draftkit.verify.cost_profile import _cache_dir, machine_key
+    from draftkit.files import cache_root
+    from draftkit.verify.cost_profile import machine_key
 
     key = f"{machine_key('cpu')}|head|{tuple(head.weight.shape)}|{head.weight.dtype}|bias={head.bias is not None}"
-    return _cache_dir().parent / "head" / (hashlib.sha256(key.encode()).hexdigest()[:20] + ".json")
+    return cache_root() / "head" / (hashlib.sha256(key.encode()).hexdigest()[:20] + ".json")
 
 
 def transposed_buckets(head: torch.nn.Linear) -> list[int]:
     """The row buckets this head runs transposed at: measured once (saved for a day), then read."""
-    from draftkit.verify.cost_profile import save_json
+    from draftkit.files import write_text_atomically
 
     file = _table_file(head)
     try:
@@ -94,7 +95,7 @@ def transposed_buckets(head: torch.nn.Linear) -> list[int]:
         "draftkit: timed the %s LM head's two layouts once (%.2f s): transposed at rows %s", tuple(head.weight.shape),
         time.perf_counter() - t0, buckets or "none")
     try:
-        save_json(file, {"transposed": buckets, "measured_at": time.time()})
+        write_text_atomically(file, json.dumps({"transposed": buckets, "measured_at": time.time()}))
     except OSError:
         pass  # a read-only cache: measured again next process
     return buckets

@@ -1,10 +1,16 @@
-"""Files written whole or not at all: what a later process (or a resumed run) reads must never be half a file."""
+"""The files draftkit keeps for later processes: where its cache lives, and writes that are whole or not at all
+(what a later process, or a resumed run, reads must never be half a file)."""
 from __future__ import annotations
 
 import os
 import uuid
 from collections.abc import Callable
 from pathlib import Path
+
+
+def cache_root() -> Path:
+    """Where measurements and conversions are kept: $DRAFTKIT_CACHE, else ~/.cache/draftkit."""
+    return Path(os.environ.get("DRAFTKIT_CACHE") or Path.home() / ".cache" / "draftkit")
 
 
 def write_atomically(path, write: Callable[[str], None]) -> None:
