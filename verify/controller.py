@@ -62,7 +62,7 @@ import time
 from dataclasses import dataclass, field
 
 from draftkit.verify.contract import Budget
-from draftkit.verify.cost_profile import CostProfile, context_bucket, path_of
+from draftkit.verify.cost_profile import PROFILE_SIZES, CostProfile, context_bucket, path_of
 from draftkit.verify.stats import StepStats
 
 PROBE_WAIT_MAX = 32  # plain steps between probes at most, while probes keep losing: a probe (one level, two
@@ -294,7 +294,8 @@ class AutoBudget:
                 [cost(d) for d in depths])
 
     def _bucket(self, nodes: int) -> int:
-        return min(self.profile.sizes, key=lambda s: abs(s - nodes))
+        coarse = [s for s in self.profile.sizes if s in PROFILE_SIZES]  # not every size of a dense eager curve
+        return min(coarse, key=lambda s: abs(s - nodes))
 
     def verify_time(self, nodes: int) -> float:
         """Seconds to verify `nodes` draft nodes: the profile's curve, scaled by what steps measured."""

@@ -6,7 +6,12 @@ The path is the forward a run verifies with: "eager" (the dynamic verifier), "st
 "compiled" (static shapes through torch.compile: CUDA graphs on a GPU). Their curves differ (a compiled plain
 step is cheaper, padding to buckets makes sizes within a bucket cost alike), so a run is priced on its own path:
 a static or compiled run's profile is measured on that run's own verifier (its buffers, hence its compiled
-graphs, which the run then reuses)."""
+graphs, which the run then reuses).
+
+The eager curve is measured at every size up to PADDED_REACH nodes as well: where a larger size measured clearly
+cheaper (some CPU BLAS builds run a product of 2-3 or 5-7 rows slower than one of 4 or 8), a step of that size
+runs padded to it (`row_padding`, verify/forward.py), and c(n) is the cost of the size it runs as: a longer tree
+then never costs less, which the controller's model assumes."""
 from __future__ import annotations
 
 import hashlib
@@ -15,7 +20,7 @@ import logging
 import os
 import platform
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 import torch
 
@@ -24,6 +29,8 @@ from draftkit.verify.head import head_layout_key
 
 PROFILE_SIZES = (1, 2, 4, 8, 16, 32, 64)
 PROFILE_TTL_S = 24 * 3600
+PADDED_REACH = 16  # the eager curve is measured at every size up to this many nodes: the sizes a step is padded to
+PAD_WIN = 0.95  # a size is padded to a larger one that measured at most this share of its time (a clear win)
 
 
 def machine_key(device=None) -> str:
@@ -65,6 +72,11 @@ class CostProfile:
     path: str = "eager"  # the forward path measured: eager, static or compiled (module docstring)
     key: str = ""
     measured_at: float = 0.0  # unix time; profiles older than PROFILE_TTL_S are measured again
+    padded: list = field(default_factory=list)  # [nodes, nodes it runs as] where padding measured cheaper (eager)
+
+    def row_padding(self) -> dict[int, int]:
+        """The verifier's padding (rows -> rows, verify/forward.py): n nodes and their root run as m + 1 rows."""
+        return {n + 1: m + 1 for n, m in self.padded}
 
     def c(self, n: float) -> float:
         """c(n), linear between measured sizes and beyond the last two; c(0) = 1."""
@@ -87,6 +99,8 @@ class CostProfile:
         from draftkit.verify.tree_probe import probe_tree_attention
         from draftkit.verify.timing import clock_for
 
+        if verifier is None:  # eager: every size a step may be padded from or to (module docstring)
+            sizes = tuple(sorted(set(sizes) | set(range(1, PADDED_REACH + 1))))
         need = context + max(sizes) + 2
         ver = verifier if verifier is not None else Verifier(model, capacity=need)
         if ver.kv.capacity < need:
@@ -115,11 +129,13 @@ class CostProfile:
         if verifier is not None:
             ver.reset()  # the run starts on an empty buffer
         plain, *rest = (min(t) for t in times)  # other processes only ever add time: the minimum is the cost
-        ratios = [max(1.0, t / plain) for t in rest]
+        seconds = dict(zip(sizes, rest))
+        padded = padding(seconds) if verifier is None else {}
+        ratios = [max(1.0, seconds[padded.get(n, n)] / plain) for n in sizes]
         # a longer tree never costs less: keep the curve monotone against timing noise
         for i in range(1, len(ratios)):
             ratios[i] = max(ratios[i], ratios[i - 1])
-        return cls(plain, list(sizes), ratios, context, path_of(verifier))
+        return cls(plain, list(sizes), ratios, context, path_of(verifier), padded=sorted(map(list, padded.items())))
 
     @classmethod
     def for_model(cls, model, context: int, cache: bool = True, refresh: bool = False, verifier=None,
@@ -140,7 +156,7 @@ class CostProfile:
             if bucket + max(sizes) + 2 > verifier.kv.capacity:
                 verifier, forward, sizes = None, "eager", PROFILE_SIZES  # no room to time trees: the eager curve
         key = f"{machine_key(model.device)}|{model_key(model)}|ctx{bucket}{head_layout_key(model)}" + \
-            ("" if forward == "eager" else f"|{forward}|n{max(sizes)}")
+            ("|padded" if forward == "eager" else f"|{forward}|n{max(sizes)}")
         file = cache_root() / "cost" / (hashlib.sha256(key.encode()).hexdigest()[:20] + ".json")
         if cache and file.exists() and not refresh:
             try:
@@ -159,3 +175,15 @@ class CostProfile:
         if cache:
             write_text_atomically(file, json.dumps(asdict(prof)))
         return prof
+
+
+def padding(seconds: dict[int, float]) -> dict[int, int]:
+    """{n: m}: the sizes (nodes) up to PADDED_REACH that run padded to m > n, the cheapest measured size up to
+    PADDED_REACH, where it took at most PAD_WIN of n's time."""
+    dense = sorted(n for n in seconds if n <= PADDED_REACH)
+    out = {}
+    for n in dense:
+        best = min((m for m in dense if m > n), key=lambda m: (seconds[m], m), default=None)
+        if best is not None and seconds[best] <= PAD_WIN * seconds[n]:
+            out[n] = best
+    return out

@@ -17,6 +17,13 @@ finished lane's row takes the last live lane's entries (`release`), so a step ne
 The buffer is rectangular (lanes x the longest lane's capacity): at very unequal prompt lengths it holds more
 than the packed row would.
 
+Row padding (eager, one sequence): on some CPU BLAS builds a forward over q rows costs more than one over a few
+rows more (SmolLM2-135M, 2 EPYC cores, context 256: 2-4 rows 1.27-1.44 plain steps, 5 rows 1.05; the shipped 12M
+target: 4 rows 1.25, 5 rows 1.14), so a step may run padded to the cheapest row count at or above its own, as the
+target's cost profile measured it (`row_padding`, verify/cost_profile.py). Padding rows come after the step's rows: on the
+model's own causal mask they are later tokens no real row sees; with a 4D mask they carry token 0 at position 0
+and see only themselves. Their logits are never read and their entries never committed.
+
 Static shapes (`static_verifier`, `compile=True` in the API): the step's q rows are
 padded to a bucket (1, 2, 4, ..., 64, then multiples of 64; padding rows carry token
 0 at position 0, see only themselves, are never committed and their logits never
@@ -74,6 +81,13 @@ def compiled_forward(model):
     return fn
 
 
+def padded_block(block: torch.Tensor, pad: int) -> torch.Tensor:
+    """(q + pad, q + pad): the step's block (q, q), then `pad` rows that see only themselves."""
+    out = torch.eye(block.shape[0] + pad, dtype=torch.bool, device=block.device)
+    out[:block.shape[0], :block.shape[0]] = block
+    return out
+
+
 class Verifier:
     """Holds the target, its KV buffer (packed: one row shared by every lane, with the owner of each committed
     entry, a lane's index or SHARED; rows: a row per lane, `lanes` > 1) and the mask buffer: the one forward path
@@ -101,6 +115,7 @@ class Verifier:
         self.peak_entries = 0
         self.peak_logits_bytes = 0
         self.peak_hidden_bytes = 0  # the largest set of hidden states one forward returned (all layers, or a tap's)
+        self.row_padding: dict[int, int] = {}  # eager, one row: a step of q rows runs as row_padding[q] rows
 
     @property
     def cache_len(self) -> int:
@@ -134,6 +149,21 @@ class Verifier:
             return False
         self._check_tree_attention()
         return True
+
+    def _padding(self, step: StepInputs, prefill: bool) -> int:
+        """Rows of padding this step runs with (row_padding; module docstring): none at a prefill, in a step of
+        several lanes, where the buffer would have to grow for them or their positions would pass the model's."""
+        rows = self.row_padding.get(step.q)
+        end = self.kv.get_seq_length() + (rows or 0)
+        if rows is None or prefill or len(step.pieces) > 1 or end > self.kv.capacity or \
+                (self.max_len and end > self.max_len):
+            return 0
+        return rows - step.q
+
+    def use_row_padding(self, padding: dict[int, int]) -> None:
+        """Pad the steps of one sequence as `padding` says (rows -> rows, each at least its key); eager only."""
+        if not self.static and not self.rows:
+            self.row_padding = {q: r for q, r in padding.items() if r > q}
 
     def _past(self, step: StepInputs) -> torch.Tensor:
         """(q, W) bool: the committed entries each new row sees (its own lane's and the SHARED ones)."""
@@ -193,7 +223,7 @@ class Verifier:
         lane (static shapes: not padded, never compiled)."""
         keep = logits_to_keep or step.q
         inputs = dict(input_ids=step.ids[None], output_hidden_states=bool(hidden_layers))
-        forward = self.model
+        forward, pad = self.model, 0
         if self.rows:
             if step.width:
                 self._run_rows(step, inputs)
@@ -205,11 +235,18 @@ class Verifier:
             forward = self._static_inputs(step, inputs, prefill)
             inputs["logits_to_keep"] = keep if prefill else 0  # a bucket keeps all its rows: one shape
         else:
-            inputs["logits_to_keep"] = keep
+            pad = self._padding(step, prefill)
+            inputs["logits_to_keep"] = keep + pad  # the padding rows are the last: logits[:keep] are the step's
             if self._needs_mask(step):
-                full = self.masks.write(self._past(step), step.block)
-                inputs["attention_mask"] = self._per_layer_type(full, step.pos)
-                inputs["position_ids"] = step.pos[None]
+                past, block, pos = self._past(step), step.block, step.pos
+                if pad:  # padding rows see only themselves, at position 0
+                    past, pos = F.pad(past, (0, 0, 0, pad)), F.pad(pos, (0, pad))
+                    block = padded_block(block, pad)
+                full = self.masks.write(past, block)
+                inputs["attention_mask"] = self._per_layer_type(full, pos)
+                inputs["position_ids"] = pos[None]
+            if pad:  # without a 4D mask: later tokens on the model's causal mask, which no row of the step sees
+                inputs["input_ids"] = F.pad(step.ids, (0, pad))[None]
         tap = LayerTap.of(self.model) if hidden_layers and forward is self.model else None
         if tap is not None:  # eager: hooks keep the layers asked for; the model returns no hidden states
             inputs["output_hidden_states"] = False
@@ -230,7 +267,7 @@ class Verifier:
         else:
             rows = lambda t: t[0, :step.q]  # noqa: E731
         states = tuple(rows(hidden(i)) for i in hidden_layers) if hidden_layers else None
-        logits = rows(out.logits)
+        logits = out.logits[0, :keep] if pad else rows(out.logits)  # padded: the step's rows come first
         if forward is not self.model and self.graph_outputs:
             # CUDA-graph outputs live in the graph's own memory, rewritten by the next replay, while the loop keeps
             # these rows past the step (the rows handed to drafter.update, the logits of the log-probabilities)
@@ -244,8 +281,7 @@ class Verifier:
         q, dev = step.q, self.model.device
         b = q if prefill else bucket(q)
         self.kv.static_window(b, dev)
-        block = torch.eye(b, dtype=torch.bool, device=dev)  # padding rows see only themselves
-        block[:q, :q] = step.block
+        block = padded_block(step.block, b - q)  # padding rows see only themselves
         past = F.pad(self._past(step), (0, 0, 0, b - q))  # (b, W): padding rows see no committed entry
         full = self.masks.write_static(past, block, self.kv.capacity)
         inputs["input_ids"] = F.pad(step.ids, (0, b - q))[None]

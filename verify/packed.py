@@ -234,6 +234,8 @@ def generate_packed(model, prompts, drafters, max_new_tokens: int = 64, sampling
                           buf, pending=p, constraint=constraints[i]))
         d.reset(p)
         pol.start(p.numel())
+    if n == 1 and getattr(policies[0], "profile", None) is not None:  # one sequence: its steps padded as measured
+        ver.use_row_padding(policies[0].profile.row_padding())
     groups = lane_groups(drafters)  # drafters of one draft model propose together (contract.DraftLanes)
 
     # prefill: the shared prompt once, or each lane's prompt on its own (no lane sees another's)
