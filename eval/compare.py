@@ -18,7 +18,6 @@ method that fails mid-run becomes a FAILED row, the run goes on, and the exit co
 from __future__ import annotations
 
 import os
-import platform
 import signal
 import sys
 import time
@@ -28,15 +27,6 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from draftkit.eval.cli import prepare  # noqa: E402
 from draftkit.eval.cli_checks import UsageError, error_message  # noqa: E402
-
-
-def machine() -> str:
-    import torch
-
-    cpu = f"CPU ({platform.processor() or platform.machine()})"
-    dev = torch.cuda.get_device_name() if torch.cuda.is_available() else cpu
-    return (f"{dev}, {os.cpu_count()} cores, torch {torch.__version__} with {torch.get_num_threads()} threads, "
-            f"Python {platform.python_version()}")
 
 
 def build_methods(args, target, tokenizer, on_error=None):
@@ -130,7 +120,7 @@ def run(args, target_path, tok, tasks, notes, started: float) -> int:
     import draftkit as dk
     from draftkit.eval.measure import measure, warm_up
     from draftkit.eval.noise import Probe, timing_warnings
-    from draftkit.eval.report import RunWriter, format_table, log_wandb, quiet_warnings
+    from draftkit.eval.report import RunWriter, format_table, log_wandb, machine_line, quiet_warnings
     from draftkit.eval.rows import error_row, task_rows
 
     from transformers.utils import logging as hf_logging
@@ -140,7 +130,7 @@ def run(args, target_path, tok, tasks, notes, started: float) -> int:
     print(f"results folder: {args.out}")
     for note in notes:
         print(note)
-    report = {"machine": machine(), "settings": settings_of(args), "notes": notes, "rows": writer.rows}
+    report = {"machine": machine_line(), "settings": settings_of(args), "notes": notes, "rows": writer.rows}
     status, warned = 0, {}
     probe = Probe(threads=torch_threads())
 

@@ -9,10 +9,22 @@ from __future__ import annotations
 
 import json
 import os
+import platform
 import warnings
 from contextlib import contextmanager
 
 from draftkit.verify.contract import first_line
+
+
+def machine_line() -> str:
+    """The machine a measurement ran on, as every results file names it."""
+    import torch
+
+    cpu = f"CPU ({platform.processor() or platform.machine()})"
+    dev = torch.cuda.get_device_name() if torch.cuda.is_available() else cpu
+    return (f"{dev}, {os.cpu_count()} cores, torch {torch.__version__} with {torch.get_num_threads()} threads, "
+            f"Python {platform.python_version()}")
+
 
 LEGEND = """\
 tau       committed tokens per target forward (plain decoding: 1.00)

@@ -29,6 +29,8 @@ def test_the_curve_prices_each_size_as_the_size_it_runs_as(monkeypatch):
     assert all(a <= b for a, b in zip(prof.ratios, prof.ratios[1:]))
     assert all(m > n for n, m in prof.padded)
     assert prof.row_padding() == {n + 1: m + 1 for n, m in prof.padded}
+    assert len(prof.unpadded) == len(prof.sizes)  # the curve as measured, before padding, for reports
+    assert all(prof.ratios[prof.sizes.index(n)] >= prof.unpadded[prof.sizes.index(m)] - 1e-9 for n, m in prof.padded)
 
 
 def _verifiers(model, prompt, padding_rows):

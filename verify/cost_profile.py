@@ -73,6 +73,7 @@ class CostProfile:
     key: str = ""
     measured_at: float = 0.0  # unix time; profiles older than PROFILE_TTL_S are measured again
     padded: list = field(default_factory=list)  # [nodes, nodes it runs as] where padding measured cheaper (eager)
+    unpadded: list = field(default_factory=list)  # c(n) per size as measured, before padding and the monotone rule
 
     def row_padding(self) -> dict[int, int]:
         """The verifier's padding (rows -> rows, verify/forward.py): n nodes and their root run as m + 1 rows."""
@@ -135,7 +136,8 @@ class CostProfile:
         # a longer tree never costs less: keep the curve monotone against timing noise
         for i in range(1, len(ratios)):
             ratios[i] = max(ratios[i], ratios[i - 1])
-        return cls(plain, list(sizes), ratios, context, path_of(verifier), padded=sorted(map(list, padded.items())))
+        return cls(plain, list(sizes), ratios, context, path_of(verifier), padded=sorted(map(list, padded.items())),
+                   unpadded=[seconds[n] / plain for n in sizes])
 
     @classmethod
     def for_model(cls, model, context: int, cache: bool = True, refresh: bool = False, verifier=None,
