@@ -58,6 +58,7 @@ import torch
 
 from draftkit.drafters.tree_merge import MergedTree, merge_trees, tried_before
 from draftkit.verify.contract import Budget, DecodeState, DraftTree, StepResult
+from draftkit.verify.controller import CARRY
 
 RANKS = 4  # sibling ranks calibrated apart; later ranks share the last one's rate
 PROBE_WAIT_MAX = 16
@@ -94,6 +95,16 @@ class Calibration:
         self.reached[m][d][r] = self.reached[m][d][r] * self.keep + 1.0
         self.passed[m][d][r] = self.passed[m][d][r] * self.keep + float(accepted)
         self._chances.pop(m, None)
+
+    def carry_over(self, most: float) -> None:
+        """A new text: each cell's evidence scaled down to at most `most` observations, its rate kept (the prior's
+        share partly back), as the controller carries its estimates into a new sequence (verify/controller.py)."""
+        for reached, passed in zip(self.reached, self.passed):
+            for rd, pd in zip(reached, passed):
+                for k, r in enumerate(rd):
+                    if r > most:
+                        rd[k], pd[k] = most, pd[k] * most / r
+        self._chances.clear()
 
     def chance(self, m: int, d: int, r: int) -> float:
         d, r = min(d, self.depth) - 1, min(r, RANKS - 1)
@@ -163,6 +174,7 @@ class HybridDrafter:
 
     # --- state -----------------------------------------------------------------------------
     def reset(self, prompt) -> None:
+        self.calibration.carry_over(CARRY)  # new text: what the last requests taught weighs a few observations
         for m in self.members:
             m.drafter.reset(prompt)
             if m.skipping:  # a new text: a member skipped on the last ones is probed at once, its back-off over
@@ -171,9 +183,10 @@ class HybridDrafter:
 
     def forget(self) -> None:
         """Members that remember past requests (suffix) forget them (a benchmark's new repeat). What the hybrid
-        learned about its members (the calibration: how often each one's draws pass) stays, as the controller's
-        estimates do: started over at every prompt of eval/compare.py's default run, the hybrid committed 9-10%
-        fewer tokens a step (greedy, fixed budget, 80 tokens a prompt). A fresh hybrid starts from the prior."""
+        learned about its members (the calibration: how often each one's draws pass) stays, carried into each new
+        sequence as a few observations' worth (`reset`), as the controller's estimates are: started over at every
+        prompt of eval/compare.py's default run, the hybrid committed 9-10% fewer tokens a step (greedy, fixed
+        budget, 80 tokens a prompt). A fresh hybrid starts from the prior."""
         for m in self.members:
             if hasattr(m.drafter, "forget"):
                 m.drafter.forget()

@@ -418,3 +418,29 @@ def test_a_first_ranked_draw_below_depth_one_starts_from_the_chance_above_it():
     for _ in range(30):
         cal.observe(0, 4, 0, accepted=False)  # depth 4 tried and failed: deeper levels follow it down
     assert cal.chance(0, 4, 0) < 0.1 and cal.chance(0, 6, 0) < 0.1
+
+
+def test_a_new_sequence_carries_the_calibration_over_as_a_few_observations():
+    """At each new sequence (reset) the calibration keeps each cell's rate but at most CARRY observations of
+    evidence, as the controller does: a member that failed on 30 chat steps and then passes on a quoting prompt is
+    back above half within four steps, where the full memory (about 33 observations) held it under a quarter."""
+    from draftkit.drafters.hybrid import Calibration
+    from draftkit.drafters.suffix import SuffixDrafter
+    from draftkit.verify.controller import CARRY
+
+    hybrid = HybridDrafter([("suffix", SuffixDrafter()), ("lookahead", LookaheadDrafter())])
+    cal = hybrid.calibration
+    for _ in range(30):
+        cal.observe(0, 2, 0, accepted=False)
+    cal.observe(0, 2, 0, accepted=True)
+    before = cal.chance(0, 2, 0)
+    kept = Calibration(members=2, depth=cal.depth)  # the same evidence, not carried over
+    kept.reached, kept.passed = [[list(r) for r in m] for m in cal.reached], [[list(p) for p in m] for m in cal.passed]
+    hybrid.reset(torch.tensor([1, 2, 3]))
+    assert abs(cal.reached[0][1][0] - CARRY) < 1e-9 and cal.chance(0, 2, 0) > before  # the prior's share back
+    assert abs(cal.passed[0][1][0] / cal.reached[0][1][0] - kept.passed[0][1][0] / kept.reached[0][1][0]) < 1e-9
+    for _ in range(4):
+        cal.observe(0, 2, 0, accepted=True)
+        kept.observe(0, 2, 0, accepted=True)
+    assert cal.chance(0, 2, 0) > 0.5 > 0.25 > kept.chance(0, 2, 0)
+    assert cal.chance(1, 2, 0) == kept.chance(1, 2, 0) == 0.5  # no evidence: untouched
