@@ -58,7 +58,7 @@ import torch
 
 from draftkit.drafters.tree_merge import MergedTree, merge_trees, tried_before
 from draftkit.verify.contract import Budget, DecodeState, DraftTree, StepResult
-from draftkit.verify.controller import CARRY
+from draftkit.verify.controller import CARRY, carried
 
 RANKS = 4  # sibling ranks calibrated apart; later ranks share the last one's rate
 PROBE_WAIT_MAX = 16
@@ -99,11 +99,10 @@ class Calibration:
     def carry_over(self, most: float) -> None:
         """A new text: each cell's evidence scaled down to at most `most` observations, its rate kept (the prior's
         share partly back), as the controller carries its estimates into a new sequence (verify/controller.py)."""
-        for reached, passed in zip(self.reached, self.passed):
-            for rd, pd in zip(reached, passed):
-                for k, r in enumerate(rd):
-                    if r > most:
-                        rd[k], pd[k] = most, pd[k] * most / r
+        for member_reached, member_passed in zip(self.reached, self.passed):
+            for rd, pd in zip(member_reached, member_passed):  # one depth: a count per rank
+                for k in range(RANKS):
+                    rd[k], pd[k] = carried(rd[k], pd[k], most)
         self._chances.clear()
 
     def chance(self, m: int, d: int, r: int) -> float:

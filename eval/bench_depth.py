@@ -27,6 +27,7 @@ import torch  # noqa: E402
 
 import draftkit as dk  # noqa: E402
 from draftkit.eval.noise import busy_elsewhere  # noqa: E402
+from draftkit.eval.report import machine_line  # noqa: E402
 
 DRAFTERS = ("eagle3", "peagle", "dflash")
 
@@ -143,7 +144,7 @@ def main(argv=None) -> int:
     table = {name: {str(d): summarize(runs[(name, d)], plain) for d in args.depths} for name in args.drafters}
     plain_ms = 1e3 * statistics.median(sec / max(1, len(st)) for sec, _, st in plain)
     load_after = busy_elsewhere()
-    print(f"machine: {os.cpu_count()} cores, torch {torch.__version__} with {torch.get_num_threads()} threads; "
+    print(f"machine: {machine_line()}; "
           f"other processes kept {_load(load_before)} cores busy before, {_load(load_after)} after "
           "(timings assume an idle machine)")
     print(f"plain decoding: {plain_ms:.1f} ms per token; {len(prompts)} prompts x {args.new_tokens} tokens, greedy, "

@@ -100,6 +100,14 @@ def seeds_best_k(alpha: float, phi: float, max_k: int = 64) -> tuple[int, float]
 # ----------------------------------------------------------------------------- controller
 
 
+def carried(reached: float, passed: float, most: float) -> tuple[float, float]:
+    """(reached, passed) scaled down to at most `most` observations, their rate kept: what a new sequence starts
+    from (module docstring; the hybrid's calibration carries its cells the same way)."""
+    if reached <= most:
+        return reached, passed
+    return most, passed * most / reached
+
+
 @dataclass
 class _Decayed:
     """A count that forgets: each observation first multiplies it by `keep`."""
@@ -153,9 +161,7 @@ class AcceptanceModel:
         """A new text: each level's evidence scaled down to at most `most` observations, its rate kept (and so the
         prior's weight partly back, rates())."""
         for p, r in zip(self.passed, self.reached):
-            if r.value > most:
-                f = most / r.value
-                p.value, r.value = p.value * f, r.value * f
+            r.value, p.value = carried(r.value, p.value, most)
 
     def reach(self) -> list[float]:
         """R_d for d = 1..max_depth: the chance the accepted path reaches depth d."""

@@ -151,14 +151,18 @@ class Verifier:
         return True
 
     def _padding(self, step: StepInputs, prefill: bool) -> int:
-        """Rows of padding this step runs with (row_padding; module docstring): none at a prefill, in a step of
-        several lanes, where the buffer would have to grow for them or their positions would pass the model's."""
+        """Rows of padding this step runs with (row_padding; module docstring): none at a prefill, where the buffer
+        would have to grow for them or their positions would pass the model's."""
         rows = self.row_padding.get(step.q)
         end = self.kv.get_seq_length() + (rows or 0)
-        if rows is None or prefill or len(step.pieces) > 1 or end > self.kv.capacity or \
-                (self.max_len and end > self.max_len):
+        if rows is None or prefill or end > self.kv.capacity or (self.max_len and end > self.max_len):
             return 0
         return rows - step.q
+
+    def _padded_masks(self, step: StepInputs, pad: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(past (q + pad, W), block (q + pad, q + pad), positions (q + pad,)) of the step with `pad` padding rows
+        after its own: they see no committed entry and only themselves, at position 0."""
+        return F.pad(self._past(step), (0, 0, 0, pad)), padded_block(step.block, pad), F.pad(step.pos, (0, pad))
 
     def use_row_padding(self, padding: dict[int, int]) -> None:
         """Pad the steps of one sequence as `padding` says (rows -> rows, each at least its key); eager only."""
@@ -238,10 +242,7 @@ class Verifier:
             pad = self._padding(step, prefill)
             inputs["logits_to_keep"] = keep + pad  # the padding rows are the last: logits[:keep] are the step's
             if self._needs_mask(step):
-                past, block, pos = self._past(step), step.block, step.pos
-                if pad:  # padding rows see only themselves, at position 0
-                    past, pos = F.pad(past, (0, 0, 0, pad)), F.pad(pos, (0, pad))
-                    block = padded_block(block, pad)
+                past, block, pos = self._padded_masks(step, pad) if pad else (self._past(step), step.block, step.pos)
                 full = self.masks.write(past, block)
                 inputs["attention_mask"] = self._per_layer_type(full, pos)
                 inputs["position_ids"] = pos[None]
@@ -281,11 +282,10 @@ class Verifier:
         q, dev = step.q, self.model.device
         b = q if prefill else bucket(q)
         self.kv.static_window(b, dev)
-        block = padded_block(step.block, b - q)  # padding rows see only themselves
-        past = F.pad(self._past(step), (0, 0, 0, b - q))  # (b, W): padding rows see no committed entry
+        past, block, pos = self._padded_masks(step, b - q)
         full = self.masks.write_static(past, block, self.kv.capacity)
         inputs["input_ids"] = F.pad(step.ids, (0, b - q))[None]
-        inputs["position_ids"] = F.pad(step.pos, (0, b - q))[None]
+        inputs["position_ids"] = pos[None]
         inputs["attention_mask"] = self._per_layer_type(full, inputs["position_ids"][0], static=True)
         if prefill or not self.compile or not self.kv.layers[0].is_initialized:
             return self.model
