@@ -396,3 +396,33 @@ def test_a_new_sequence_starts_from_a_few_observations_and_probes_at_once():
             policy.observe(StepStats(0, 0, 0, 1, 0.0, profile.plain_s), 100)
     assert given[0] >= 1  # it drafts (or probes) at once
     assert max(given) == 4, given
+
+
+def test_a_passing_probe_is_followed_by_another_and_a_failing_one_backs_off():
+    """An idle drafter's probe that pays (two tokens for about a step) is what the text does now: the next step probes again, so a run of
+    passing probes feeds the acceptance model step by step (backed off, suffix idled 16 steps between two passing
+    probes of a summary it then drafted 16 levels deep). A failing probe backs off as before."""
+    profile = flat(0.05, plain_s=0.01)
+    policy = AutoBudget(None, Budget(4, 4), profile=profile, cache_profile=False)
+    policy.acceptance = AcceptanceModel(4, prior_rate=0.01, prior_weight=1e9)  # the plan always idles
+
+    def run(steps, passes):
+        probes = []
+        for i in range(steps):
+            b = policy.budget(100)
+            if b.max_depth:
+                probes.append(i)
+                ok = passes(len(probes))
+                policy.observe(StepStats(b.max_nodes, 1, int(ok), 1 + int(ok), 0.0002, profile.plain_s,
+                                         budget_depth=1, budget_nodes=b.max_nodes), 100)
+            else:
+                policy.observe(StepStats(0, 0, 0, 1, 0.0, profile.plain_s), 100)
+        return probes
+
+    failing = run(200, lambda k: False)
+    assert all(b - a > 1 for a, b in zip(failing, failing[1:]))  # never two probes in a row
+    assert failing[-1] - failing[-2] >= 16  # backed off
+    passing = run(40, lambda k: True)
+    assert len(passing) >= 20 and passing[-5:] == list(range(35, 40))  # once one passed: a probe every step
+    after = run(100, lambda k: False)
+    assert len(after) <= 5  # the first failure: back to the back-off it had reached
