@@ -40,7 +40,8 @@ from torch import nn
 from transformers.models.llama.modeling_llama import (LlamaMLP, LlamaRMSNorm, LlamaRotaryEmbedding,
                                                       apply_rotary_pos_emb)
 
-from draftkit.drafters.eagle import _target_name, check_target_shape, target_dtype, target_shape
+from draftkit.drafters.draft_dtype import draft_dtype as dtype_for, head_in, reads_of
+from draftkit.drafters.eagle import _target_name, check_target_shape, target_shape
 from draftkit.drafters.attention_window import far_back
 from draftkit.drafters.reference_config import llama_config, llama_layer_config
 from draftkit.verify.contract import Budget, DecodeState, DraftTree, StepResult
@@ -314,7 +315,7 @@ class DFlashDrafter:
     """
 
     def __init__(self, target, draft: DFlashDraft, max_depth: int = 4, max_nodes: int = 8, top_k: int = 2,
-                 temperature: float | None = None, sampling=None):
+                 temperature: float | None = None, sampling=None, draft_dtype: str = "auto"):
         block = draft.config.block_size
         if not 1 <= max_depth <= block - 1:
             raise ValueError(f"dflash drafts at most block_size - 1 = {block - 1} tokens per step (its trained "
@@ -325,11 +326,11 @@ class DFlashDrafter:
             raise ValueError(f"the draft temperature must be > 0, got {temperature}")
         draft.check_target(target)
         self._target = target
-        self.embed, self.head = target.get_input_embeddings(), target.get_output_embeddings()
+        self.draft_dtype = draft_dtype
+        dtype = dtype_for(target, draft_dtype, reads_of(draft, target, True))  # drafters/draft_dtype.py
+        self.embed, self.head = target.get_input_embeddings(), head_in(target, dtype)  # the head in the draft's dtype
         self.device = self.head.weight.device
-        # the draft runs in the target's dtype (a bf16 draft beside a bf16 target): features and embeddings
-        # enter without a cast every step; only an fp32 draft's own training keeps it in fp32
-        self.draft = draft.to(self.device, target_dtype(target)).eval()
+        self.draft = draft.to(self.device, dtype).eval()
         self.hidden_layers = tuple(draft.config.target_layers)
         self.top_k, self.temperature, self.sampling = top_k, temperature, sampling
         self.tree_temperature = float(draft.config.tree_temperature)
@@ -347,7 +348,7 @@ class DFlashDrafter:
         settings, a state of its own."""
         cap = self.budget_cap
         return DFlashDrafter(self._target, self.draft, cap.max_depth, cap.max_nodes, self.top_k, self.temperature,
-                             self.sampling)
+                             self.sampling, self.draft_dtype)
 
     @classmethod
     def draft_lanes(cls, drafters: list):

@@ -44,12 +44,9 @@ import torch
 from torch import nn
 from transformers import AutoConfig, AutoModel
 
+from draftkit.drafters.draft_dtype import draft_dtype as dtype_for, head_in, reads_of
 from draftkit.verify.contract import Budget, DecodeState, DraftTree, StepResult
 
-
-def target_dtype(target) -> torch.dtype:
-    """The dtype a draft of `target` runs in: the target's own (its LM head's)."""
-    return target.get_output_embeddings().weight.dtype
 
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
@@ -292,7 +289,7 @@ class EagleDrafter:
     """
 
     def __init__(self, target, draft: EagleDraftModel, max_depth: int = 5, max_nodes: int = 48, top_k: int = 8,
-                 temperature: float | None = None, sampling=None):
+                 temperature: float | None = None, sampling=None, draft_dtype: str = "auto"):
         if max_depth < 1:
             raise ValueError(f"draft depth max_depth must be >= 1, got {max_depth}")
         if top_k < 1 or max_nodes < 1:
@@ -302,12 +299,13 @@ class EagleDrafter:
         draft.check_target(target)
         self.target = target
         self.embed = target.get_input_embeddings()
-        self.head = target.get_output_embeddings()
+        self.draft_dtype = draft_dtype
+        own_head = isinstance(getattr(draft, "lm_head", None), nn.Module)  # EAGLE-3's; EAGLE-1/2 read the target's
+        dtype = dtype_for(target, draft_dtype, reads_of(draft, target, not own_head))  # drafters/draft_dtype.py
+        self.head = head_in(target, dtype)  # the target's LM head, in the draft's dtype
         self.device = self.head.weight.device
-        # the draft runs in the target's dtype (a bf16 draft beside a bf16 target): features and embeddings
-        # enter without a cast every step; only an fp32 draft's own training keeps it in fp32
-        self.draft = draft.to(self.device, target_dtype(target)).eval()
-        self.dtype = next(self.draft.parameters()).dtype
+        self.draft = draft.to(self.device, dtype).eval()
+        self.dtype = dtype
         self.hidden_layers = tuple(draft.config.feature_layers)
         self.top_k = min(top_k, draft.config.draft_vocab_size or draft.config.vocab_size)
         self.budget_cap = Budget(max_depth, max_nodes if top_k > 1 else max_depth)
@@ -337,7 +335,8 @@ class EagleDrafter:
         together) and settings, a state of its own."""
         cap = self.budget_cap
         return type(self)(self.target, self.draft, max_depth=cap.max_depth, max_nodes=cap.max_nodes,
-                          top_k=self.top_k, temperature=self.temperature, sampling=self.sampling)
+                          top_k=self.top_k, temperature=self.temperature, sampling=self.sampling,
+                          draft_dtype=self.draft_dtype)
 
     @classmethod
     def draft_lanes(cls, drafters: list):

@@ -28,11 +28,12 @@ KINDS = ("eagle", "dflash")  # config kinds of the drafts whose greedy tree read
 
 def tree_drafter(target, draft):
     """The drafter of an EAGLE (-2, -3, P-EAGLE) or DFlash draft at the default caps (registry.py: depth 4,
-    8 nodes, top-k 2)."""
+    8 nodes, top-k 2), in the target's dtype: the draft being trained is never cast in place (to bf16 beside an
+    fp32 target on a CPU with bf16 products, drafters/draft_dtype.py, before it is saved)."""
     from draftkit.drafters.registry import SHARED_DEPTH, SHARED_NODES, EagleSettings, tree_drafter_class
 
     return tree_drafter_class(draft)(target, draft, max_depth=SHARED_DEPTH, max_nodes=SHARED_NODES,
-                                     top_k=EagleSettings().top_k)
+                                     top_k=EagleSettings().top_k, draft_dtype="target")
 
 
 @torch.no_grad()

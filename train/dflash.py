@@ -145,7 +145,8 @@ def main(argv=None):
             model.draft.config.attention_window = cfg.seq_len  # decoding sees the distances it trained on
             tree = fit_for_report(target, model.draft, heldout_text, cfg.eval_tau_prompts * 3, cfg.eval_new_tokens)
             model.draft.save_pretrained(out)
-            drafter = DFlashDrafter(target, model.draft.eval(), max_depth=min(4, cfg.block_size - 1))
+            drafter = DFlashDrafter(target, model.draft.eval(), max_depth=min(4, cfg.block_size - 1),
+                                    draft_dtype="target")  # the trained draft is not cast in place
             decode = measure_tau(target, drafter, heldout_text, cfg.eval_tau_prompts, cfg.eval_new_tokens)
             model.draft.float().train()
             if decode:

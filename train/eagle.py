@@ -269,8 +269,9 @@ def heldout_accuracy(loss_fn: EagleLoss, data, blocks: int) -> dict:
 
 
 def measure_tau(target, draft, stream: torch.Tensor, prompts: int, new_tokens: int, prompt_len: int = 128) -> dict:
-    """Mean accepted length of the EAGLE-2 tree (P-EAGLE: its tree; default flags) on held-out prompts, greedy."""
-    drafter = tree_drafter_class(draft)(target, draft.eval())
+    """Mean accepted length of the EAGLE-2 tree (P-EAGLE: its tree; default flags) on held-out prompts, greedy; in
+    the target's dtype (the draft being trained is not cast in place)."""
+    drafter = tree_drafter_class(draft)(target, draft.eval(), draft_dtype="target")
     return decode_eval.measure_tau(target, drafter, stream, prompts, new_tokens, prompt_len)
 
 
