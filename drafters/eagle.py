@@ -302,7 +302,8 @@ class EagleDrafter:
         self.draft_dtype = draft_dtype
         own_head = isinstance(getattr(draft, "lm_head", None), nn.Module)  # EAGLE-3's; EAGLE-1/2 read the target's
         dtype = dtype_for(target, draft_dtype, reads_of(draft, target, not own_head))  # drafters/draft_dtype.py
-        self.head = head_in(target, dtype)  # the target's LM head, in the draft's dtype
+        # the target's LM head, in the draft's dtype when the draft reads it (EAGLE-3 drafts have their own)
+        self.head = target.get_output_embeddings() if own_head else head_in(target, dtype)
         self.device = self.head.weight.device
         self.draft = draft.to(self.device, dtype).eval()
         self.dtype = dtype

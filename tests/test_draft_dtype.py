@@ -113,3 +113,17 @@ def test_training_evaluations_never_cast_the_draft_in_place(native):
     draft = oracle_draft(target)
     drafter = tree_drafter(target, draft)
     assert drafter.dtype == torch.float32 and next(draft.parameters()).dtype == torch.float32
+
+
+def test_a_draft_with_its_own_head_makes_no_copy_of_the_target_s(native):
+    """EAGLE-3 drafts read their own (reduced) head: no bf16 copy of the target's is made for them."""
+    from draftkit.drafters.eagle_reference import Eagle3Draft
+    from draftkit.drafters.eagle import EagleConfig
+
+    target = tiny_target(layers=2)
+    cfg = EagleConfig.from_target(target, [0, 1, 2])
+    cfg.layout = "reference"
+    drafter = EagleDrafter(target, Eagle3Draft(cfg), max_depth=3, top_k=2, max_nodes=6)
+    assert drafter.dtype == torch.bfloat16 and drafter.head is target.lm_head
+    assert "_draftkit_draft_heads" not in target.__dict__
+    greedy_equal(target, drafter, PROMPTS[1:2])
