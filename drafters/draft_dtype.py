@@ -10,7 +10,7 @@ target head it reads): there it runs in bf16. On such a CPU (2 EPYC cores, measu
 product, an EAGLE-3 draft head over 8 nodes, took 0.39 ms in bf16 against 3.4 ms in fp32, and a SmolLM2 EAGLE-3
 draft step (depth 4, 8 nodes) 13 ms against 31 ms: beside SmolLM2-135M (drafts reading 40-130 MB) EAGLE-3 and
 EAGLE-2 ran faster in bf16 on 16 of 16 task cells. The shipped 12M family's drafts read 6-9 MB, where the products
-are small and the casts of every norm and attention call cost more than bf16 saves: the standalone draft ran 4-10%
+are small and the casts of every norm and attention call cost more than bf16 saves: the standalone draft ran 3-10%
 slower in bf16 on every task, EAGLE-3 slower on most; they stay in fp32.
 
 Drafts that read the target's own LM head (EAGLE-1/2 in draftkit's layout, DFlash) read a copy of it in the
