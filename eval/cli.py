@@ -94,6 +94,10 @@ def build_parser(description: str | None = None) -> Parser:
                     help="torch CPU threads: a count, or auto: the cores not busy with other work when the run "
                          "starts (cores less the load average, at least 1; a thread sharing its core with other "
                          "work stalls every op of a forward) (default: %(default)s)")
+    ap.add_argument("--tf32", choices=("off", "on", "keep"), default="off",
+                    help="float32 matrix products on an NVIDIA GPU: off (IEEE fp32), on (TF32) or keep (as torch and "
+                         "your imports left them); printed in the machine line; nothing on a CPU "
+                         "(verify/precision.py) (default: %(default)s)")
     ap.add_argument("--no-peers", action="store_true", help="skip transformers' generate peer rows")
     ap.add_argument("--chat", action=argparse.BooleanOptionalAction, default=None,
                     help="render prompts with the target's chat template (--chat: every task; --no-chat: none; "
@@ -345,6 +349,9 @@ def prepare(argv, description: str | None = None):
     import torch
 
     torch.set_num_threads(threads)
+    from draftkit.verify.precision import set_tf32
+
+    set_tf32(args.tf32)
     cuts = fit_to_context(tasks, context - args.max_new_tokens) if context else []
     if cuts:
         n = sum(len(p) for p in tasks.values())

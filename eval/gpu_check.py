@@ -45,6 +45,7 @@ from draftkit.files import write_text_atomically  # noqa: E402
 from draftkit.eval.divergence import first_divergence  # noqa: E402
 from draftkit.eval.syncs import DeviceShim, SyncCounter  # noqa: E402
 from draftkit.verify.tree_probe import probe_tree_attention  # noqa: E402
+from draftkit.verify.precision import set_tf32, tf32_matmul  # noqa: E402
 from draftkit.verify.timing import synchronize  # noqa: E402
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
@@ -288,7 +289,7 @@ def env(device) -> dict:
     import transformers
 
     info = {"torch": torch.__version__, "transformers": transformers.__version__, "python": platform.python_version(),
-            "device": str(device), "threads": torch.get_num_threads()}
+            "device": str(device), "threads": torch.get_num_threads(), "tf32_matmul": tf32_matmul()}
     if device.type == "cuda":
         info["gpu"] = torch.cuda.get_device_name(device)
         info["capability"] = ".".join(map(str, torch.cuda.get_device_capability(device)))
@@ -349,6 +350,9 @@ def main(argv=None) -> int:
     ap.add_argument("--dtypes", default="fp32,bf16", help="comma-separated, of fp32 and bf16 (default: fp32,bf16)")
     ap.add_argument("--quick", action="store_true", help="small sizes: a 4 x 256 Llama instead of the 1B one, "
                     "2 prompts, 16 new tokens, 150 sampled runs (proves the path end to end on a CPU)")
+    ap.add_argument("--tf32", choices=("off", "on", "keep"), default="off",
+                    help="float32 matrix products on the GPU: off (IEEE fp32), on (TF32) or keep (as torch left "
+                         "them); recorded in the env section (default: %(default)s)")
     ap.add_argument("--redo", default="", help="comma-separated section names to run again even if ok")
     ap.add_argument("--budget-s", type=float, default=450.0, help="no section starts after this many seconds "
                     "(default: 450)")
@@ -368,6 +372,7 @@ def main(argv=None) -> int:
     args.prompts, args.prompt_len = (2, 64) if args.quick else (4, 192)
     args.max_new_tokens, args.repeats = (16, 1) if args.quick else (96, 2)
     samples = 150 if args.quick else 1500
+    set_tf32(args.tf32)
 
     check = Check(Path(args.out), {s.strip() for s in args.redo.split(",") if s.strip()}, args.budget_s)
     check.section("env", lambda: env(device))

@@ -20,8 +20,11 @@ def machine_line() -> str:
     """The machine a measurement ran on, as every results file names it."""
     import torch
 
+    from draftkit.verify.precision import tf32_matmul
+
     cpu = f"CPU ({platform.processor() or platform.machine()})"
-    dev = torch.cuda.get_device_name() if torch.cuda.is_available() else cpu
+    gpu = torch.cuda.is_available()
+    dev = f"{torch.cuda.get_device_name()} (TF32 {'on' if tf32_matmul() else 'off'})" if gpu else cpu
     return (f"{dev}, {os.cpu_count()} cores, torch {torch.__version__} with {torch.get_num_threads()} threads, "
             f"Python {platform.python_version()}")
 

@@ -52,6 +52,7 @@ BAD_FLAGS = [
     (["--max-depth", "abc"], "argument --max-depth: invalid int value: 'abc'"),
     (["--eagle-top-k", "0"], "--eagle-top-k must be >= 1, got 0"),
     (["--budget", "sometimes"], "argument --budget: invalid choice: 'sometimes'"),
+    (["--tf32", "maybe"], "argument --tf32: invalid choice: 'maybe'"),
     (["--batch-sizes", "4,x"], "--batch-sizes takes a comma list of integers, got '4,x'"),
     (["--tasks", "foo"], "--tasks: unknown 'foo'; choose from code, copy, prose"),
     (["--tasks", ""], "--tasks is empty"),
