@@ -58,7 +58,8 @@ import torch
 
 from draftkit.drafters.tree_merge import MergedTree, merge_trees, tried_before
 from draftkit.verify.contract import Budget, DecodeState, DraftTree, StepResult
-from draftkit.verify.controller import CARRY, carried
+from draftkit.verify.controller import CARRY
+from draftkit.verify.estimates import carried
 
 RANKS = 4  # sibling ranks calibrated apart; later ranks share the last one's rate
 PROBE_WAIT_MAX = 16

@@ -236,7 +236,7 @@ def plot_budget(rows: list[dict], methods: list[str], tasks: list[str], folder: 
     measured, one point per method and task, beside the seeds' flat-cost K*(alpha) at the run's median phi."""
     import matplotlib.pyplot as plt
 
-    from draftkit.verify.controller import seeds_best_k
+    from draftkit.verify.estimates import seeds_best_k
 
     fig, ax = plt.subplots(figsize=(5.6, 3.8))
     marks = "osD^vP*X"

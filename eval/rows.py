@@ -8,7 +8,7 @@ from __future__ import annotations
 import statistics
 
 from draftkit.eval.measure import Method, Result, lossless_check, median_spread, speedups
-from draftkit.verify.controller import seeds_best_k, seeds_speedup
+from draftkit.verify.estimates import seeds_best_k, seeds_speedup
 from draftkit.verify.stats import DecodeStats
 
 

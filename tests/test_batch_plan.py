@@ -7,7 +7,8 @@ import torch
 from tests.models import tiny_model
 from draftkit.verify.batch_plan import BatchPlanner
 from draftkit.verify.contract import Budget, DraftTree, NoDrafter
-from draftkit.verify.controller import AcceptanceModel, AutoBudget, CostProfile
+from draftkit.verify.controller import AutoBudget, CostProfile
+from draftkit.verify.estimates import AcceptanceModel
 from draftkit.verify.packed import generate_packed
 
 

@@ -8,7 +8,8 @@ from tests.models import ARCHS, tiny_model
 from tests.test_packed import tv_bound
 from draftkit.verify.accept import Sampling
 from draftkit.verify.contract import Budget, DraftTree
-from draftkit.verify.controller import AcceptanceModel, AutoBudget, CostProfile, seeds_best_k, seeds_speedup
+from draftkit.verify.controller import AutoBudget, CostProfile
+from draftkit.verify.estimates import AcceptanceModel, seeds_best_k, seeds_speedup
 from draftkit.verify.decode import generate
 from draftkit.verify.stats import StepStats
 
@@ -79,7 +80,7 @@ def test_a_gain_inside_the_margin_is_a_plain_step(rate, drafts):
 
 
 def test_draft_cost_separates_fixed_and_per_level_cost():
-    from draftkit.verify.controller import DraftCost
+    from draftkit.verify.estimates import DraftCost
 
     cost = DraftCost(keep=1.0)
     for depth in (1, 2, 4, 1, 4):

@@ -40,7 +40,8 @@ w_i E_i - lam * draft_i, lam the best rate so far), and the width of the best ra
 from __future__ import annotations
 
 from draftkit.verify.contract import Budget
-from draftkit.verify.controller import DRAFT_MARGIN, AutoBudget, DecayedLine
+from draftkit.verify.controller import DRAFT_MARGIN, AutoBudget
+from draftkit.verify.estimates import DecayedLine
 
 ROUNDS = 4  # Dinkelbach rounds per step (converges in 2-3; each is L x depth evaluations)
 MIN_FIT_STEPS = 4  # steps (decayed count) before the fitted line replaces the scaled profile
