@@ -26,29 +26,33 @@ class BudgetSettings:
     def __post_init__(self):  # every method alike (Budget(0, 0) is a plain step, asked for by the controller)
         if self.max_depth < 1 or self.max_nodes < 1:
             raise ValueError(f"max_depth and max_nodes must be >= 1, got {self.max_depth} and {self.max_nodes}")
-        if hasattr(self, "draft_dtype"):
-            from draftkit.drafters.draft_dtype import check_draft_dtype
-
-            check_draft_dtype(self.draft_dtype)
-
-
-DRAFT_DTYPE_HELP = ("the draft model's dtype: auto (the target's, but bfloat16 beside a float32 target on a CPU with "
-                    "native bf16 matrix products when a draft forward reads 16 MB of weights or more), target, "
-                    "bfloat16, float16 or float32; drafts only propose, so the output is the same either way")
 
 
 @dataclass
-class StandaloneSettings(BudgetSettings):
+class ModelDraftSettings(BudgetSettings):
+    """The methods that run a draft model of their own."""
+    draft_dtype: str = _knob("auto", "the draft model's dtype: auto (the target's, but bfloat16 beside a float32 "
+                                     "target on a CPU with native bf16 matrix products when a draft forward reads 16 "
+                                     "MB of weights or more), target, bfloat16, float16 or float32; drafts only "
+                                     "propose, so the output is the same either way")
+
+    def __post_init__(self):
+        from draftkit.drafters.draft_dtype import check_draft_dtype
+
+        super().__post_init__()
+        check_draft_dtype(self.draft_dtype)
+
+
+@dataclass
+class StandaloneSettings(ModelDraftSettings):
     top_k: int = _knob(1, "children expanded per node; 1 drafts a chain of max_depth tokens")
     temperature: float | None = _knob(None, "q temperature of sampled chains (default: the sampling temperature)")
-    draft_dtype: str = _knob("auto", DRAFT_DTYPE_HELP)
 
 
 @dataclass
-class EagleSettings(BudgetSettings):
+class EagleSettings(ModelDraftSettings):
     top_k: int = _knob(2, "EAGLE-2 children expanded per frontier node; 1 drafts a chain")
     temperature: float | None = _knob(None, "q temperature of sampled chains (default: the sampling temperature)")
-    draft_dtype: str = _knob("auto", DRAFT_DTYPE_HELP)
 
 
 @dataclass
@@ -57,11 +61,10 @@ class EagleChainSettings(EagleSettings):
 
 
 @dataclass
-class ParallelSettings(BudgetSettings):
+class ParallelSettings(ModelDraftSettings):
     top_k: int = _knob(2, "children per node, cut from the per-depth distributions of the one draft forward; "
                           "1 drafts a chain")
     temperature: float | None = _knob(None, "q temperature of sampled drafts (default: the sampling temperature)")
-    draft_dtype: str = _knob("auto", DRAFT_DTYPE_HELP)
 
 
 @dataclass
