@@ -289,7 +289,8 @@ class EagleDrafter:
     """
 
     def __init__(self, target, draft: EagleDraftModel, max_depth: int = 5, max_nodes: int = 48, top_k: int = 8,
-                 temperature: float | None = None, sampling=None, draft_dtype: str = "auto"):
+                 temperature: float | None = None, sampling=None, draft_dtype: str = "auto",
+                 compile_draft: bool = False):
         if max_depth < 1:
             raise ValueError(f"draft depth max_depth must be >= 1, got {max_depth}")
         if top_k < 1 or max_nodes < 1:
@@ -300,6 +301,7 @@ class EagleDrafter:
         self.target = target
         self.embed = target.get_input_embeddings()
         self.draft_dtype = draft_dtype
+        self.compile_draft = compile_draft  # static-shape draft forwards, compiled (verify/tree.py run_model)
         own_head = isinstance(getattr(draft, "lm_head", None), nn.Module)  # EAGLE-3's; EAGLE-1/2 read the target's
         dtype = dtype_for(target, draft_dtype, reads_of(draft, target, not own_head))  # drafters/draft_dtype.py
         # the target's LM head, in the draft's dtype when the draft reads it (EAGLE-3 drafts have their own)
@@ -337,7 +339,7 @@ class EagleDrafter:
         cap = self.budget_cap
         return type(self)(self.target, self.draft, max_depth=cap.max_depth, max_nodes=cap.max_nodes,
                           top_k=self.top_k, temperature=self.temperature, sampling=self.sampling,
-                          draft_dtype=self.draft_dtype)
+                          draft_dtype=self.draft_dtype, compile_draft=self.compile_draft)
 
     @classmethod
     def draft_lanes(cls, drafters: list):
@@ -347,7 +349,7 @@ class EagleDrafter:
 
     def reset(self, prompt) -> None:
         # out of any batch's group; the cache holds committed pairs (committed tokens - 1)
-        self.alone.reset(2 * (prompt.numel() if prompt is not None else 0) + 256)
+        self.alone.reset(2 * (prompt.numel() if prompt is not None else 0) + 256, warm=prompt is not None)
         self.bank = None  # row 0: f^ at the root; row e + 1: output of the e-th node run this step
         self.todo = []  # (features (k, nH), next tokens (k,)) of kept positions the draft has not run yet
 

@@ -22,8 +22,9 @@ class EagleLanes(DraftLanes):
         first = drafters[0]
         if any(getattr(d, "todo", None) for d in drafters):
             raise ValueError("EAGLE lanes are formed right after the drafters' reset")
-        super().__init__(drafters, first.draft.cache_config.num_hidden_layers, first.dtype, first.device)
         self.draft, self.embed, self.logits, self.dtype = first.draft, first.embed, first._logits, first.dtype
+        super().__init__(drafters, first.draft.cache_config.num_hidden_layers, first.dtype, first.device)  # last:
+        # it may warm the draft
 
     @staticmethod
     def compatible(drafters: list) -> bool:
@@ -50,7 +51,7 @@ class EagleLanes(DraftLanes):
         q = max(x.numel() for x in nxt.values())
         causal = None if len(self.drafters) == 1 else torch.ones(q, q, dtype=torch.bool, device=self.device).tril()
         out = run_model(self.draft, self.cache, self.masks, causal, None if causal is None else
-                        torch.arange(q, device=self.device), features=self.padded(feats, q),
+                        torch.arange(q, device=self.device), self.compile, features=self.padded(feats, q),
                         embeds=self.embed(self.padded(nxt, q)))
         self.cache.commit([list(range(k[r])) if r in k else [] for r in range(len(self.drafters))])
         for r in rows:
@@ -58,11 +59,24 @@ class EagleLanes(DraftLanes):
             d.todo, d.bank = [], out[r, k[r] - 1:k[r]]  # bank row 0: f^ at the root
         return out, k
 
+    @property
+    def draft_model(self):
+        return self.draft
+
+    def warm_inputs(self, n: int, b: int) -> list[dict]:
+        """The catch-up's joined target features (one layer's width per feature layer) and the levels' draft
+        outputs (one layer's width): one kind for EAGLE-1/2, two for EAGLE-3."""
+        width = self.embed.weight.shape[1]
+        embeds = self.embed(torch.zeros(n, b, dtype=torch.long, device=self.device))
+        return [dict(features=torch.zeros(n, b, k * width, dtype=self.dtype, device=self.device), embeds=embeds)
+                for k in sorted({len(self.drafters[0].hidden_layers), 1})]
+
     def run_nodes(self, requests: dict, block: torch.Tensor, offsets: torch.Tensor, q: int) -> dict:
         banks = {r: self.drafters[r].bank for r in requests}
         feats = self.padded({r: banks[r][req[1] + 1] for r, req in requests.items()}, q)  # f^ of each parent
         ids = self.padded({r: req[0] for r, req in requests.items()}, q)
-        out = run_model(self.draft, self.cache, self.masks, block, offsets, features=feats, embeds=self.embed(ids))
+        out = run_model(self.draft, self.cache, self.masks, block, offsets, self.compile, features=feats,
+                        embeds=self.embed(ids))
         size = {r: req[0].numel() for r, req in requests.items()}
         for r in requests:
             self.drafters[r].bank = torch.cat([banks[r], out[r, :size[r]]])

@@ -109,7 +109,10 @@ class _ReferenceDraft(nn.Module):
         mask = create_causal_mask(config=self.layer_config, inputs_embeds=x, attention_mask=attention_mask,
                                   cache=cache, position_ids=position_ids)
         if cache is not None and self.config.attention_window:  # decoding: cache column c holds position c
-            mask = windowed(mask, position_ids, cache.get_seq_length() + x.shape[1], self.config.attention_window)
+            # the keys' count from the mask when there is one: the cache's Python ints would make a compiled
+            # forward guard on them (a graph per length)
+            keys = mask.shape[-1] if mask is not None else cache.get_seq_length() + x.shape[1]
+            mask = windowed(mask, position_ids, keys, self.config.attention_window)
         return mask, self.rotary_emb(x, position_ids=position_ids), position_ids
 
     def logits(self, features: torch.Tensor, head: nn.Module) -> torch.Tensor:

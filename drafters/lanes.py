@@ -23,12 +23,16 @@ own mask (no padding, no scatter), as a lone drafter would.
 """
 from __future__ import annotations
 
+import logging
+import time
+
 import torch
 
 from draftkit.drafters.tree_search import search
 from draftkit.verify.cache import KVBuffer
+from draftkit.verify.compiled import bucket, compiled_keys
 from draftkit.verify.contract import DecodeState, DraftTree
-from draftkit.verify.tree import MaskBuffer
+from draftkit.verify.tree import COMPILED_ROWS, MaskBuffer, run_model, static_key
 
 
 class DraftLanes:
@@ -41,21 +45,53 @@ class DraftLanes:
         self.top_k, self.temperature, self.sampling = first.top_k, first.temperature, first.sampling
         self.tree_temperature = getattr(first, "tree_temperature", 1.0)
         self.masks = MaskBuffer(dtype, device)
+        # compiled draft forwards run on static shapes (verify/tree.py `_run_static`): a bucket of rows per lane
+        self.compile = bool(getattr(first, "compile_draft", False))
         held = [d.cache for d in drafters if getattr(d, "cache", None) is not None]
-        self.cache = KVBuffer(num_layers, batch_size=len(drafters), capacity=max([c.capacity for c in held] + [256]))
+        self.cache = KVBuffer(num_layers, batch_size=len(drafters), capacity=max([c.capacity for c in held] + [256]),
+                              static=self.compile)
         self.slots: dict[int, list[int]] = {}  # per drafting lane: the pending offsets of its entries this step
         self.kept: dict[int, list[int]] = {}  # per lane: the pending offsets it keeps, committed before next use
         if any(c.lengths[0] for c in held):
             raise ValueError("lanes are formed right after the drafters' reset")
         for d in drafters:
             d.cache, d.group = self.cache, self
+        if self.compile and len(drafters) > 1:  # a batch's lanes form before its first step
+            self.warm()
 
-    def reset(self, reserve: int) -> None:
-        """A group of one, for its drafter's next sequence: empty, with room for `reserve` entries."""
+    def reset(self, reserve: int, warm: bool = True) -> None:
+        """A group of one, for its drafter's next sequence: empty, with room for `reserve` entries. warm: compile
+        what compile_draft needs for it now (not before a first prompt says how large the buffer must be)."""
         self.cache.reset()
         self.cache.reserve(reserve)
         self.slots, self.kept = {}, {}
         self.drafters[0].cache, self.drafters[0].group = self.cache, self
+        if self.compile and warm:
+            self.warm()
+
+    @torch.no_grad()
+    def warm(self) -> None:
+        """compile_draft: compile, before any step is timed, every graph a step can meet here (each kind of input a
+        subclass names, at every bucket of up to COMPILED_ROWS rows a lane, for these lanes and this buffer). A graph
+        compiling inside a step would be read as seconds of drafting and teach the controller that drafting does
+        not pay. Said in one line; nothing when every graph exists (kept on the model)."""
+        model, n, seen = self.draft_model, len(self.drafters), compiled_keys(self.draft_model)
+        todo = [(b, kw) for b in sorted({bucket(q) for q in range(1, COMPILED_ROWS + 1)})
+                for kw in self.warm_inputs(n, b) if static_key(self.cache, n, b, kw) not in seen]
+        if not todo:
+            return
+        t0 = time.perf_counter()
+        if not self.cache.layers[0].is_initialized:  # the first forward allocates the buffer: an eager one
+            run_model(model, self.cache, self.masks, None, None, False, **todo[0][1])
+            self.cache.drop_pending()
+        for b, kw in todo:
+            seen.add(static_key(self.cache, n, b, kw))  # said below, once for all
+            run_model(model, self.cache, self.masks, None, None, True, **kw)
+            self.cache.drop_pending()
+        logging.getLogger("draftkit").warning(
+            "draftkit: compiled the draft forward of %s for %d lane%s, buckets of 1-%d rows, on a %d-entry buffer "
+            "(%.1f s, once)", type(model).__name__, n, "s" if n > 1 else "", COMPILED_ROWS, self.cache.capacity,
+            time.perf_counter() - t0)
 
     # --- what a subclass supplies ---------------------------------------------------------------------------
     def wants(self, r: int, state: DecodeState) -> bool:
@@ -69,6 +105,16 @@ class DraftLanes:
     def run_nodes(self, requests: dict, block: torch.Tensor, offsets: torch.Tensor, q: int) -> dict:
         """One draft forward over every lane's requested nodes (block (L, q, pending + q), offsets (L, q));
         {lane: (k, V) logits of its nodes' children}."""
+        raise NotImplementedError
+
+    @property
+    def draft_model(self):
+        """The module whose forwards the group runs (run_model's model)."""
+        raise NotImplementedError
+
+    def warm_inputs(self, n: int, b: int) -> list[dict]:
+        """Every kind of row input (verify/tree.py ROW_INPUTS) a forward of b rows for n lanes takes, zeros of the
+        shapes and dtypes real steps pass: what compile_draft compiles ahead."""
         raise NotImplementedError
 
     # --- the group's work -----------------------------------------------------------------------------------
@@ -116,7 +162,8 @@ class DraftLanes:
         """One draft forward answering every lane's pending request: {lane: (k, V) logits}."""
         n, pending, dev = len(self.drafters), self.cache.pending, self.device
         size = {r: req[0].numel() for r, req in requests.items()}
-        if n == 1:  # one sequence: the search's own block over its pending entries (None: a chain, causal)
+        if n == 1 and not self.compile:  # one sequence: the search's own block over its pending entries (None: a
+            # chain, causal); static shapes leave padding entries among the pending ones, so they take the scatter
             (r, (_, _, own, depths)), = requests.items()
             self.slots[r] += list(range(pending, pending + size[r]))
             return self.run_nodes(requests, None if own is None else own[None].to(dev),
@@ -160,4 +207,5 @@ def compatible(drafters: list, model_attr: str) -> bool:
     return all(getattr(d, model_attr) is getattr(first, model_attr) and d.top_k == first.top_k
                and d.temperature == first.temperature and d.sampling == first.sampling
                and getattr(d, "tree_temperature", 1.0) == getattr(first, "tree_temperature", 1.0)
+               and getattr(d, "compile_draft", False) == getattr(first, "compile_draft", False)
                for d in drafters)

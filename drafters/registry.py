@@ -44,13 +44,22 @@ class ModelDraftSettings(BudgetSettings):
 
 
 @dataclass
-class StandaloneSettings(ModelDraftSettings):
+class CompilableDraftSettings(ModelDraftSettings):
+    """The methods whose draft forwards run through the shared draft path (verify/tree.py run_model)."""
+    compile_draft: bool = _knob(False, "run the draft's own forwards compiled with static shapes (a bucket of rows "
+                                       "per lane, a fixed-size KV buffer; CUDA graphs on a GPU); each shape compiles "
+                                       "once, on its first use, and says so in one line; compare.py --compile turns "
+                                       "it on")
+
+
+@dataclass
+class StandaloneSettings(CompilableDraftSettings):
     top_k: int = _knob(1, "children expanded per node; 1 drafts a chain of max_depth tokens")
     temperature: float | None = _knob(None, "q temperature of sampled chains (default: the sampling temperature)")
 
 
 @dataclass
-class EagleSettings(ModelDraftSettings):
+class EagleSettings(CompilableDraftSettings):
     top_k: int = _knob(2, "EAGLE-2 children expanded per frontier node; 1 drafts a chain")
     temperature: float | None = _knob(None, "q temperature of sampled chains (default: the sampling temperature)")
 
@@ -89,6 +98,8 @@ class HybridSettings(BudgetSettings):
                                     "in [0, 1)")
     probe_every: int = _knob(8, "steps a member that does not pay waits before it is asked again "
                                 "(doubling up to 16)")
+    compile_draft: bool = _knob(False, "its members' draft forwards compiled (those that run a draft model of their "
+                                       "own; see the standalone setting)")
 
     def __post_init__(self):
         super().__post_init__()
@@ -239,12 +250,19 @@ def available_members(target, names: list[str], paths: dict) -> list[str]:
     return out if len(out) > 1 else list(dict.fromkeys(out + ["suffix", "lookahead"]))[:2]
 
 
+def compiled_flag(name: str, s) -> dict:
+    """{"compile_draft": True} when `s` asks for compiled draft forwards and method `name` has them."""
+    return {"compile_draft": True} if s.compile_draft and issubclass(REGISTRY[name].settings,
+                                                                     CompilableDraftSettings) else {}
+
+
 def _hybrid(target, paths, tokenizer, s: HybridSettings):
     from draftkit.drafters.hybrid import HybridDrafter
 
     paths = paths or {}
     names = available_members(target, member_names(s.members), paths)
-    members = [(n, build(n, target, paths.get(REGISTRY[n].default_model), tokenizer)) for n in names]
+    members = [(n, build(n, target, paths.get(REGISTRY[n].default_model), tokenizer, **compiled_flag(n, s)))
+               for n in names]
     return HybridDrafter(members, s.max_depth, s.max_nodes, s.min_chance, s.probe_every)
 
 

@@ -39,7 +39,8 @@ class StandaloneDrafter:
     """Chain (top_k == 1) or EAGLE-2 style dynamic tree from a small causal LM.
 
     max_depth: draft depth (K for a chain); max_nodes: tree size cap (a chain uses max_depth);
-    top_k: children expanded per node (1 = chain). The budget each step may be smaller.
+    top_k: children expanded per node (1 = chain). The budget each step may be smaller. compile_draft: the
+    draft's forwards run with static shapes, compiled (a graph per lanes x bucket x buffer size).
     In sampling mode a chain is sampled from the draft at `temperature` (default: the sampling
     temperature) and q returned; a tree's children are drawn from q without replacement
     (drafters.tree_search.sampled_search; verified by recursive rejection sampling). `sampling`:
@@ -51,7 +52,7 @@ class StandaloneDrafter:
 
     def __init__(self, model, max_depth: int = 4, max_nodes: int | None = None, top_k: int = 1,
                  temperature: float | None = None, target=None,
-                 sampling: Sampling | None = None):
+                 sampling: Sampling | None = None, compile_draft: bool = False):
         if target is not None:
             check_same_vocabulary(target, model)
         if max_depth < 1:
@@ -66,6 +67,7 @@ class StandaloneDrafter:
         self.budget_cap = Budget(max_depth, max_nodes)
         self.temperature = temperature
         self.sampling = sampling
+        self.compile_draft = compile_draft  # static-shape draft forwards, compiled (verify/tree.py run_model)
         self.max_len = context_limit(model)
         self.cache = None
         self.alone = StandaloneLanes([self])  # one sequence drafts as a group of one (drafters/lanes.py)
@@ -75,7 +77,7 @@ class StandaloneDrafter:
         together) and settings, a state of its own."""
         cap = self.budget_cap
         return StandaloneDrafter(self.model, cap.max_depth, cap.max_nodes, self.top_k, self.temperature,
-                                 sampling=self.sampling)
+                                 sampling=self.sampling, compile_draft=self.compile_draft)
 
     @classmethod
     def draft_lanes(cls, drafters: list) -> "StandaloneLanes | None":
@@ -101,8 +103,8 @@ class StandaloneLanes(DraftLanes):
 
     def __init__(self, drafters: list):
         model = drafters[0].model
+        self.model, self.max_len = model, drafters[0].max_len  # before the group forms (it may warm the draft)
         super().__init__(drafters, KVBuffer.layers_of(model), model.dtype, model.device)
-        self.model, self.max_len = model, drafters[0].max_len
 
     def wants(self, r: int, state: DecodeState) -> bool:
         return super().wants(r, state) and not (self.max_len and
@@ -114,15 +116,24 @@ class StandaloneLanes(DraftLanes):
         q = max(k.values())
         last = sorted({k[r] - 1 for r in rows})  # the positions whose logits some lane needs: its root
         if len(self.drafters) == 1:  # one sequence: causal by itself, its last logits only
-            out = run_model(self.model, self.cache, None, None, None, input_ids=self.padded(new, q), logits_to_keep=1)
+            out = run_model(self.model, self.cache, self.masks, None, None, self.compile,
+                            input_ids=self.padded(new, q), logits_to_keep=1)
         else:
             causal = torch.ones(q, q, dtype=torch.bool, device=self.device).tril()
             out = run_model(self.model, self.cache, self.masks, causal, torch.arange(q, device=self.device),
-                            input_ids=self.padded(new, q), logits_to_keep=torch.tensor(last, device=self.device))
+                            self.compile, input_ids=self.padded(new, q),
+                            logits_to_keep=torch.tensor(last, device=self.device))
         self.cache.commit([list(range(k[r])) if r in k else [] for r in range(len(self.drafters))])
         return torch.stack([out.logits[r, last.index(k[r] - 1)] for r in rows])
 
+    @property
+    def draft_model(self):
+        return self.model
+
+    def warm_inputs(self, n: int, b: int) -> list[dict]:
+        return [dict(input_ids=torch.zeros(n, b, dtype=torch.long, device=self.device))]
+
     def run_nodes(self, requests: dict, block: torch.Tensor, offsets: torch.Tensor, q: int) -> dict:
         ids = self.padded({r: req[0] for r, req in requests.items()}, q)
-        logits = run_model(self.model, self.cache, self.masks, block, offsets, input_ids=ids).logits
+        logits = run_model(self.model, self.cache, self.masks, block, offsets, self.compile, input_ids=ids).logits
         return {r: logits[r, :req[0].numel()] for r, req in requests.items()}

@@ -115,8 +115,10 @@ def build_parser(description: str | None = None) -> Parser:
                          "torch.compile, CUDA graphs on a GPU, for plain decoding and every drafter alike (greedy "
                          "output is unchanged). Each bucket compiles once, all of them before the timed runs (a "
                          "warm-up of seconds to a minute per bucket on a CPU; with --batch-sizes, the larger buckets "
-                         "of each batch size too), so compile time is in no timing; drafters that run their own "
-                         "model (standalone, EAGLE) draft uncompiled (default: off)")
+                         "of each batch size too), so compile time is in no timing. The drafts' own forwards "
+                         "compile too (standalone, EAGLE-1/2/3 and the hybrid's members: --<method>-compile-draft, "
+                         "on here unless set off), each draft's buckets when it is first given a prompt, before "
+                         "any step is timed; P-EAGLE, DFlash and Medusa draft uncompiled (default: off)")
     add_drafter_flags(ap)
     preset = ap.add_mutually_exclusive_group()
     preset.add_argument("--quick", action="store_true", help="smoke run: " + ", ".join(

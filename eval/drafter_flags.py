@@ -16,11 +16,23 @@ from draftkit.eval.cli_checks import UsageError
 SHARED = ("max_depth", "max_nodes")
 
 
+def on_off(text: str) -> bool:
+    """A yes/no flag's value: on / off (true / false, yes / no, 1 / 0 too)."""
+    value = {"on": True, "true": True, "yes": True, "1": True, "off": False, "false": False, "no": False,
+             "0": False}.get(text.lower())
+    if value is None:
+        raise ValueError(text)
+    return value
+
+
+on_off.__name__ = "on / off"  # argparse names the type in its one-line error
+
+
 def _kind(cls, name: str):
-    """The Python type a setting's flag parses to (int, float or str)."""
+    """The Python type a setting's flag parses to (int, float, str, or on / off for a bool)."""
     hint = typing.get_type_hints(cls)[name]
     args = [a for a in typing.get_args(hint) if a is not type(None)] or [hint]
-    return args[0] if args[0] in (int, float, str) else str
+    return on_off if args[0] is bool else args[0] if args[0] in (int, float, str) else str
 
 
 def _dest(method: str, field: str) -> str:
@@ -50,10 +62,13 @@ def add_drafter_flags(ap) -> None:
 
 
 def drafter_settings(args, method: str) -> dict:
-    """The settings compare.py's flags give `method` (only those set explicitly)."""
+    """The settings compare.py's flags give `method` (only those set explicitly; --compile sets compile_draft
+    where a method has it and its own flag is unset)."""
     out = {k: getattr(args, k) for k in SHARED if getattr(args, k, None) is not None}
     for f in dataclasses.fields(REGISTRY[method].settings):
         value = getattr(args, _dest(method, f.name), None)
+        if f.name == "compile_draft" and value is None and getattr(args, "compile", False):
+            value = True
         if f.name not in SHARED and value is not None:
             out[f.name] = value
     return out
@@ -72,7 +87,7 @@ def check_drafter_flags(args) -> None:
             raise UsageError(f"{method} settings: {exc}") from None
         for f in dataclasses.fields(entry.settings):
             value = getattr(args, _dest(method, f.name), None)
-            if isinstance(value, (int, float)) and value < 0:
+            if isinstance(value, (int, float)) and not isinstance(value, bool) and value < 0:
                 raise UsageError(f"--{method}-{f.name.replace('_', '-')} must be >= 0, got {value}")
             if f.name == "top_k" and value is not None and value < 1:
                 raise UsageError(f"--{method}-top-k must be >= 1, got {value}")

@@ -17,8 +17,10 @@ matplotlib or scipy). Sections, each written to --out as soon as it finishes:
                       under a bound simulated from exact samples)
   hf-<dtype>          transformers' generate on the 1B model, eager and with a static cache and a compiled
                       forward (the fastest plain decoding a user can have), tokens/s and identical output
-  compile-<dtype>     plain decoding through draftkit with compile=True (the compiled static-shaped verify forward),
-                      tokens/s after its one bucket is compiled (compile_s)
+  compile-<dtype>     draftkit with compile=True (the compiled static-shaped verify forward, every bucket of the
+                      run compiled first: compile_s) for plain decoding, a standalone draft's tree and an EAGLE tree,
+                      the drafts' own forwards compiled too (compile_draft): identical output against compiled
+                      plain decoding, tokens/s and speedups over it
 
 dtypes: fp32 and bf16. A rerun with the same --out skips the sections already "ok" (resumable); --redo NAME
 runs one again. A section that fails records its error and the next one runs; sections that would start after
@@ -330,16 +332,44 @@ def hf_section(device, dtype, args) -> dict:
 
 
 def compile_section(device, dtype, args) -> dict:
+    """compile=True: the compiled verify forward (every bucket a step of up to 8 rows meets, with and without
+    hidden states) and the drafts' own compiled forwards (compile_draft: a random standalone draft's top-k tree and
+    a random EAGLE draft's tree, each draft's buckets compiled when it is first given a prompt). Greedy output
+    against compiled plain decoding, the seconds spent compiling, tokens/s and speedups over compiled plain
+    decoding."""
+    from draftkit.drafters.eagle import EagleDraftModel, EagleDrafter
+    from draftkit.drafters.standalone import StandaloneDrafter
     from draftkit.verify.forward import warm_compiled
     from draftkit.verify.packed import static_capacity
 
     target = random_llama(device, dtype, args.quick)
+    small = small_llama(target, device, dtype)
+    eagle = EagleDraftModel.from_target(target).to(device)
+    # trees of up to 6 nodes: verify steps of up to 8 rows (buckets 1, 2, 4, 8), so the compiles fit the check
+    makers = {"standalone": lambda: StandaloneDrafter(small, max_depth=3, top_k=2, max_nodes=6, compile_draft=True),
+              "eagle": lambda: EagleDrafter(target, eagle, max_depth=3, top_k=2, max_nodes=6, compile_draft=True)}
     prompts = repetitive_prompts(target.config.vocab_size, args.prompts, args.prompt_len)
-    t0 = time.perf_counter()  # plain decoding's one bucket, on a buffer as large as the longest prompt needs
-    warm_compiled(target, static_capacity(max(map(len, prompts)), 1, args.max_new_tokens, 0), 1)
-    return {"compile_s": time.perf_counter() - t0,
-            "tokens_per_s": tokens_per_s(target, {"plain": lambda: None}, prompts, args.max_new_tokens, args.repeats,
-                                         compile=True)}
+    t0 = time.perf_counter()  # every bucket of this run, on a buffer as large as the longest prompt needs
+    buckets = warm_compiled(target, static_capacity(max(map(len, prompts)), 1, args.max_new_tokens, 6), 8,
+                            (False, True))
+    report = {"compile_s": time.perf_counter() - t0, "buckets": buckets, "drafters": {}}
+    run = lambda ids, d: dk.generate(target, torch.tensor(ids, device=device), d,  # noqa: E731
+                                     max_new_tokens=args.max_new_tokens, eos_token_id=[], budget="fixed",
+                                     compile=True).tokens.tolist()
+    plain = [run(ids, None) for ids in prompts]
+    for name, make in makers.items():
+        drafter, t0 = make(), time.perf_counter()
+        drafter.reset(torch.tensor(prompts[0], device=device))  # its draft's buckets compile here
+        outs = [run(ids, drafter) for ids in prompts]
+        diffs = [first_divergence(target, ids, p, o) for ids, o, p in zip(prompts, outs, plain)]
+        report["drafters"][name] = {"draft_compile_s": time.perf_counter() - t0,
+                                    "identical": f"{sum(o == p for o, p in zip(outs, plain))}/{len(prompts)}",
+                                    "first_divergence": diffs,
+                                    "mismatches": sum(d is not None and not d["near_tie"] for d in diffs)}
+    report["tokens_per_s"] = tokens_per_s(target, {"plain": lambda: None, **makers}, prompts, args.max_new_tokens,
+                                          args.repeats, compile=True)
+    report["speedup"] = {k: v / report["tokens_per_s"]["plain"] for k, v in report["tokens_per_s"].items()}
+    return report
 
 
 def main(argv=None) -> int:

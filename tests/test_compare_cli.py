@@ -53,6 +53,7 @@ BAD_FLAGS = [
     (["--eagle-top-k", "0"], "--eagle-top-k must be >= 1, got 0"),
     (["--budget", "sometimes"], "argument --budget: invalid choice: 'sometimes'"),
     (["--tf32", "maybe"], "argument --tf32: invalid choice: 'maybe'"),
+    (["--eagle3-compile-draft", "maybe"], "argument --eagle3-compile-draft: invalid on / off value: 'maybe'"),
     (["--batch-sizes", "4,x"], "--batch-sizes takes a comma list of integers, got '4,x'"),
     (["--tasks", "foo"], "--tasks: unknown 'foo'; choose from code, copy, prose"),
     (["--tasks", ""], "--tasks is empty"),
@@ -77,6 +78,22 @@ BAD_FLAGS = [
     (["--unknown-flag"], "unrecognized arguments: --unknown-flag"),
     (["--prompts-file"], "argument --prompts-file: expected one argument"),
 ]
+
+
+def test_compile_compiles_the_drafts_unless_a_method_says_off():
+    """--compile turns each draft model's compiled forwards on (the hybrid's members too); a method's own
+    --<method>-compile-draft off keeps it eager; without --compile nothing is compiled."""
+    from draftkit.drafters.registry import REGISTRY, compiled_flag, settings_for
+    from draftkit.eval.drafter_flags import drafter_settings
+
+    args = cli.build_parser().parse_args(["--compile", "--eagle-compile-draft", "off"])
+    assert drafter_settings(args, "eagle3")["compile_draft"] is True
+    assert drafter_settings(args, "eagle")["compile_draft"] is False
+    assert "compile_draft" not in drafter_settings(args, "suffix")
+    assert compiled_flag("eagle3", settings_for("hybrid", **drafter_settings(args, "hybrid"))) == {"compile_draft": True}
+    assert compiled_flag("suffix", settings_for("hybrid", compile_draft=True)) == {}
+    plain = cli.build_parser().parse_args([])
+    assert all("compile_draft" not in drafter_settings(plain, m) for m in REGISTRY)
 
 
 @pytest.mark.parametrize("argv,message", BAD_FLAGS, ids=[" ".join(a) for a, _ in BAD_FLAGS])

@@ -12,7 +12,8 @@ from draftkit.drafters.standalone import StandaloneDrafter
 from draftkit.drafters.suffix import SuffixDrafter
 from draftkit.verify.accept import Sampling
 from draftkit.verify.contract import DraftTree, NoDrafter
-from draftkit.verify.forward import Verifier, bucket, static_verifier, warm_compiled
+from draftkit.verify.compiled import bucket
+from draftkit.verify.forward import Verifier, static_verifier, warm_compiled
 from draftkit.verify.packed import generate_packed, static_capacity
 from tests.models import tiny_model
 
@@ -143,7 +144,7 @@ def graph_replays(model):
 def test_graph_outputs_kept_past_a_step_are_copies(target, monkeypatch, owned):
     """With graph outputs (CUDA graphs), each step is marked and the logits the loop keeps are copies: a later
     replay leaves them as they were. Without the copies (owned=False) the same two steps show the aliasing."""
-    import draftkit.verify.forward as fw
+    import draftkit.verify.compiled as fw
 
     marks = []
     monkeypatch.setattr(torch.compiler, "cudagraph_mark_step_begin", lambda: marks.append(1))
@@ -165,7 +166,7 @@ def test_a_graph_that_compiles_inside_a_call_says_so_once_with_or_without_hidden
     (it compiled silently for seconds inside a call), and neither is announced twice."""
     import logging
 
-    import draftkit.verify.forward as fw
+    import draftkit.verify.compiled as fw
 
     model = tiny_model("llama", seed=5)  # compiled graphs (and what was announced) are kept on the model
     monkeypatch.setattr(fw, "compiled_forward", lambda m: m.__call__)  # the path, without inductor's compile time

@@ -22,9 +22,10 @@ A window of rows (`window = (first, count)`): a forward of `count` sequences run
 and sees only them (the verifier's rows layout, verify/forward.py: one row per lane, the lanes still
 decoding kept in the first rows, and a lane's prompt written into its row alone).
 
-Static shapes (`static=True`, the verifier's compiled forward): a forward writes its
-q new entries at the device positions `write_pos` (one `index_copy_` per layer, as
-transformers' StaticCache and gpt-fast do) and every layer returns the WHOLE
+Static shapes (`static=True`, the compiled forwards of the verifier and of draft models): a forward writes
+its q new entries at the device positions `write_pos` (one `index_copy_` per layer, as transformers'
+StaticCache and gpt-fast do; rows of their own lengths, a draft's lanes, one indexed copy at (B, q)
+positions) and every layer returns the WHOLE
 capacity-wide buffer, so no shape and no Python int in the forward depends on how
 far the sequence has come; the attention mask, as wide as the buffer, hides what a
 row must not see. The host still keeps `lengths` and `pending` for the commit.
@@ -72,9 +73,15 @@ class BufferLayer(CacheLayerMixin):
         """key_states (B, H_kv, q, D) -> all keys a query of this forward may see: (B, H_kv, W, D)."""
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
-        if self.owner.write_pos is not None:  # static shapes: device positions in, the whole buffer out
-            self.keys.index_copy_(2, self.owner.write_pos, key_states)
-            self.values.index_copy_(2, self.owner.write_pos, value_states)
+        pos = self.owner.write_pos
+        if pos is not None:  # static shapes: device positions in, the whole buffer out
+            if pos.dim() == 1:  # one row (or rows at one length): (q,) columns
+                self.keys.index_copy_(2, pos, key_states)
+                self.values.index_copy_(2, pos, value_states)
+            else:  # rows of their own (a draft's lanes): (B, q) columns, one indexed copy
+                rows = torch.arange(pos.shape[0], device=pos.device)[:, None]
+                self.keys[rows, :, pos] = key_states.transpose(1, 2)
+                self.values[rows, :, pos] = value_states.transpose(1, 2)
             return self.keys, self.values
         q = key_states.shape[2]
         start, width = self.owner.write_window(q)
@@ -115,13 +122,14 @@ class KVBuffer(Cache):
     lengths: committed entries per row (host ints). pending: entries appended by forwards since
     the last commit, the same count for every row. capacity grows by doubling if a sequence
     outgrows it, so size it to prompt + new tokens + the largest tree to never grow.
-    static: forwards write at `write_pos` and see the whole buffer (the module docstring; one row).
+    static: forwards write at `write_pos` and see the whole buffer (the module docstring); its capacity is a power
+    of two, so that a compiled forward meets few buffer sizes.
     """
 
     def __init__(self, num_layers: int, batch_size: int = 1, capacity: int = 256, static: bool = False):
-        self.capacity = max(int(capacity), 1)
         self.static = static
-        self.write_pos: torch.Tensor | None = None  # (q,) long on the device: a static forward's new entries
+        self.capacity = self._sized(max(int(capacity), 1))
+        self.write_pos: torch.Tensor | None = None  # (q,) or (B, q) long on the device: a static forward's new entries
         super().__init__(layers=[BufferLayer(self) for _ in range(num_layers)])
         self.lengths = [0] * batch_size
         self.pending = 0
@@ -177,12 +185,15 @@ class KVBuffer(Cache):
         the pending entries (what write_window would upload; a caller that has it on the device saves the copy)."""
         self._ragged_start = start
 
+    def _sized(self, capacity: int) -> int:
+        return 1 << (capacity - 1).bit_length() if self.static else capacity
+
     def reserve(self, capacity: int) -> None:
         """Make room for `capacity` entries per row (a copy only when the buffer must grow)."""
         if capacity > self.capacity:
-            self.capacity = capacity
+            self.capacity = self._sized(capacity)
             for layer in self.layers:
-                layer.grow(capacity)
+                layer.grow(self.capacity)
 
     def static_window(self, q: int, device) -> int:
         """Before a static forward of q rows: their positions, right after the committed and pending entries, go
@@ -191,6 +202,17 @@ class KVBuffer(Cache):
         if start + q > self.capacity:
             self.reserve(2 * (start + q))
         self.write_pos = torch.arange(q, device=device) + start
+        self._q = q
+        return start
+
+    def static_rows(self, q: int, device) -> torch.Tensor:
+        """Before a static forward of q new entries in every row (rows of their own lengths): (B, q) write positions,
+        each row's right after its committed and pending entries (one upload of the lengths). Returns each row's
+        first, (B, 1)."""
+        if max(self.lengths) + self.pending + q > self.capacity:
+            self.reserve(2 * (max(self.lengths) + self.pending + q))
+        start = torch.tensor(self.lengths, device=device)[:, None] + self.pending
+        self.write_pos = start + torch.arange(q, device=device)
         self._q = q
         return start
 

@@ -36,8 +36,6 @@ capacity), and the write positions reach the layers as a device tensor.
 """
 from __future__ import annotations
 
-import logging
-import time
 from contextlib import nullcontext
 
 import torch
@@ -45,6 +43,7 @@ import torch.nn.functional as F
 
 from draftkit.verify.attention_layout import AttentionLayout, per_layer_type
 from draftkit.verify.cache import KVBuffer
+from draftkit.verify.compiled import bucket, call_compiled, graph_outputs
 from draftkit.verify.layer_tap import LayerTap
 from draftkit.verify.contract import DraftTree
 from draftkit.verify.head import rows_first_head
@@ -60,25 +59,6 @@ def output_vocab(model) -> int:
 def context_limit(model) -> int | None:
     cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
     return getattr(cfg, "max_position_embeddings", None) or getattr(cfg, "n_positions", None)
-
-
-BUCKET_STEP = 64  # buckets grow by doubling up to this many rows, then by this many
-RECOMPILE_LIMIT = 64  # compiled graphs kept per model: one per bucket (and per capacity the buffer grew to)
-
-
-def bucket(q: int) -> int:
-    """The rows a static forward of q rows runs with: the next of 1, 2, 4, ..., 64, 128, 192, ..."""
-    return 1 << max(q - 1, 0).bit_length() if q <= BUCKET_STEP else -(-q // BUCKET_STEP) * BUCKET_STEP
-
-
-def compiled_forward(model):
-    """model.__call__ compiled with static shapes, once per model object (kept on it): CUDA graphs on a GPU
-    ("reduce-overhead"), inductor's default elsewhere."""
-    fn = getattr(model, "_draftkit_compiled", None)
-    if fn is None:
-        mode = "reduce-overhead" if model.device.type == "cuda" else None
-        fn = model._draftkit_compiled = torch.compile(model.__call__, dynamic=False, mode=mode)
-    return fn
 
 
 def padded_block(block: torch.Tensor, pad: int) -> torch.Tensor:
@@ -104,7 +84,7 @@ class Verifier:
         self.static = static or compile
         self.compile = compile
         # "reduce-overhead" compiles to CUDA graphs, whose outputs live in memory the next replay rewrites
-        self.graph_outputs = model.device.type == "cuda"
+        self.graph_outputs = graph_outputs(model.device)
         self.rows = lanes > 1 and not self.static  # the rows layout (module docstring): capacity is per row
         self.kv = KVBuffer.for_model(model, lanes if self.rows else 1, capacity=capacity, static=self.static)
         self.row_of = {i: i for i in range(lanes)} if self.rows else {}  # lane -> its KV row (rows layout)
@@ -289,27 +269,13 @@ class Verifier:
         inputs["attention_mask"] = self._per_layer_type(full, inputs["position_ids"][0], static=True)
         if prefill or not self.compile or not self.kv.layers[0].is_initialized:
             return self.model
-        compiled = compiled_forward(self.model)
-        graphs = self.graph_outputs
-        # (rows, capacity, hidden states?) compiled so far: a forward that hands hidden states over is a graph of its
-        # own (measured: EAGLE's first use of a bucket recompiled for 4-5 s inside a call, without a word)
-        seen = self.model.__dict__.setdefault("_draftkit_buckets", set())
-
-        def forward(**kw):  # a graph per bucket: more than dynamo keeps per function by default
-            key = (b, self.kv.capacity, bool(kw.get("output_hidden_states")))
-            if graphs:  # a new step: the previous replay's outputs may be overwritten from here on
-                torch.compiler.cudagraph_mark_step_begin()
-            t0 = time.perf_counter()
-            with torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT):
-                out = compiled(**kw)
-            if key not in seen:  # a graph compiles on its first use: said once, so its seconds are not read as decoding
-                seen.add(key)
-                logging.getLogger("draftkit").warning(
-                    "draftkit: compiled the verify forward for %d rows%s on a %d-entry buffer (%.1f s, once; "
-                    "verify.forward.warm_compiled compiles every bucket ahead)", b,
-                    " with hidden states" if key[2] else "", self.kv.capacity, time.perf_counter() - t0)
-            return out
-        return forward
+        key = (1, b, self.kv.capacity, bool(inputs.get("output_hidden_states")))  # a graph of its own each
+        what = f"the verify forward for {b} rows{' with hidden states' if key[3] else ''} on a " \
+               f"{self.kv.capacity}-entry buffer"
+        # a forward that hands hidden states over is a graph of its own (measured: EAGLE's first use of a bucket
+        # recompiled for 4-5 s inside a call, without a word)
+        return lambda **kw: call_compiled(self.model, key, what, "verify.forward.warm_compiled compiles every "
+                                          "bucket ahead", self.graph_outputs, **kw)
 
     def _per_layer_type(self, full: torch.Tensor, pos: torch.Tensor, static: bool = False):
         """One row's full mask (1, 1, q, W + q or capacity), narrowed per layer type: the keys are the committed

@@ -36,7 +36,8 @@ from draftkit.verify.budget import make_policy
 from draftkit.verify.constraints import make_constraint
 from draftkit.verify.contract import Budget, DecodeState, DraftTree, StepResult, lane_groups, require_int
 from draftkit.verify.decode import GenerationOutput, as_prompt, check_room, eos_set, finish
-from draftkit.verify.forward import Verifier, bucket, static_verifier
+from draftkit.verify.compiled import bucket
+from draftkit.verify.forward import Verifier, static_verifier
 from draftkit.verify.stats import DecodeStats, StepStats
 from draftkit.verify.step import SHARED, Piece, StepInputs, read_walks, walk_tree
 from draftkit.verify.timing import Carry, clock_for

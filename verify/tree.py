@@ -21,9 +21,12 @@ is reused from step to step; only the block that changed is rewritten.
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 from draftkit.verify.attention_layout import per_layer_type
 from draftkit.verify.cache import KVBuffer
+from draftkit.verify import compiled as compiled_module
+from draftkit.verify.compiled import bucket, call_compiled
 from draftkit.verify.contract import DraftTree
 from draftkit.verify.head import rows_first_head
 
@@ -112,6 +115,24 @@ class MaskBuffer:
         return buf
 
 
+    def write_rows_static(self, past: torch.Tensor, block: torch.Tensor, capacity: int) -> torch.Tensor:
+        """Rows of their own, static shapes: past (B, 1) long on the device, each row's committed entries (all
+        visible); block (B, b, C) bool, what each of a row's b new tokens sees among its C pending and new entries,
+        which follow its committed ones. Returns the (B, 1, b, capacity) mask, rewritten in place in a buffer of
+        its own per shape (as write_static); every other column is hidden. No host loop: one op per part."""
+        n, b, c = block.shape
+        buf = self.static.get((n, b, capacity))
+        if buf is None:
+            buf = self.static[(n, b, capacity)] = torch.empty(n, 1, b, capacity, dtype=self.dtype, device=self.device)
+        view = buf[:, 0]  # (B, b, capacity)
+        view.fill_(self.min)
+        view.masked_fill_((torch.arange(capacity, device=self.device) < past)[:, None, :], 0)
+        at = (past + torch.arange(c, device=self.device))[:, None, :].expand(n, b, c)  # each row's block columns
+        zero = torch.zeros((), dtype=self.dtype, device=self.device)
+        view.scatter_(2, at, torch.where(block.to(self.device), zero, self.min))
+        return buf
+
+
 def positions(past: list[int], offsets: torch.Tensor) -> torch.Tensor:
     """(B, q) position ids: row b's new token j is at past[b] + offsets[j] (offsets (q,), shared by the rows)
     or past[b] + offsets[b, j] (offsets (B, q): rows of different trees, drafters/lanes.py)."""
@@ -131,14 +152,21 @@ def path_slots(tree: DraftTree, node: int) -> list[int]:
     return path[::-1]
 
 
+ROW_INPUTS = ("input_ids", "inputs_embeds", "features", "embeds")  # a draft's inputs with a row per new token
+COMPILED_ROWS = 16  # static draft forwards of at most this many rows a sequence run compiled; larger ones eagerly
+
+
 def run_model(model, kv: KVBuffer, masks: MaskBuffer | None, block: torch.Tensor | None,
-              offsets: torch.Tensor | None, **inputs):
+              offsets: torch.Tensor | None, compile: bool = False, **inputs):
     """model(**inputs) on top of `kv`; the new entries become pending in kv.
 
     block (q, C) bool: what each new token sees among the pending and new entries; offsets (q,)
     long: positions relative to each row's committed length (see verify/tree.py). None: the new
     tokens follow the pending ones causally, so the model builds its own mask (even rows only).
+    A static kv (rows of their own, a draft's lanes): `_run_static`, compiled when `compile`.
     """
+    if kv.static:
+        return _run_static(model, kv, masks, block, offsets, compile, inputs)
     if block is not None:
         full = masks(kv.lengths, block)
         inputs["position_ids"] = positions(kv.lengths, offsets)
@@ -148,3 +176,64 @@ def run_model(model, kv: KVBuffer, masks: MaskBuffer | None, block: torch.Tensor
             return model(cache=kv, use_cache=True, **inputs)
     finally:
         kv.end_forward()
+
+
+def static_key(kv: KVBuffer, n: int, b: int, inputs: dict) -> tuple:
+    """What a compiled static draft forward's graph depends on: rows, bucket, buffer, each row input's width and
+    dtype (EAGLE-3's catch-up takes fused target features, its levels the draft's own: two graphs a bucket)."""
+    return (n, b, kv.capacity) + tuple((k, tuple(inputs[k].shape[2:]), inputs[k].dtype) for k in ROW_INPUTS
+                                       if k in inputs)
+
+
+def _run_static(model, kv: KVBuffer, masks: MaskBuffer, block: torch.Tensor | None, offsets: torch.Tensor | None,
+                compile: bool, inputs: dict):
+    """run_model with static shapes: each row's q new tokens padded to their bucket b (padding tokens carry 0s at
+    offset 0 and see only themselves; their entries stay pending, never visible to a real token, and go at the
+    commit), the mask (B, 1, b, capacity), every row's entries written at its own positions; compiled (one graph
+    per rows x bucket x capacity, verify/compiled.py) when `compile` and b <= COMPILED_ROWS. Returns what the
+    model returns for the q real tokens: an output's logits as `logits_to_keep` asked, or a (B, q, ...) tensor."""
+    name = next(k for k in ROW_INPUTS if k in inputs)
+    n, q = inputs[name].shape[:2]
+    dev, pending = inputs[name].device, kv.pending
+    b = bucket(q)
+    if block is None:  # causal after the pending entries
+        block = torch.ones(q, pending + q, dtype=torch.bool, device=dev).tril(pending)
+        offsets = torch.arange(q, device=dev)
+    c = block.shape[-1]
+    padded = torch.zeros(n, b, c - q + b, dtype=torch.bool, device=dev)  # (B, b, C'): the block, then padding
+    padded[:, :q, :c] = block
+    padded[:, torch.arange(q, b), c - q + torch.arange(q, b)] = True
+    offs = torch.zeros(n, b, dtype=torch.long, device=dev)
+    offs[:, :q] = offsets
+    past = kv.static_rows(b, dev) - pending  # (B, 1) committed entries per row (one upload)
+    inputs = {k: F.pad(v, (0, 0) * (v.dim() - 2) + (0, b - q)) if k in ROW_INPUTS else v for k, v in inputs.items()}
+    inputs["position_ids"] = past + offs
+    full = masks.write_rows_static(past, padded, kv.capacity)
+    inputs["attention_mask"] = per_layer_type(model, full, inputs["position_ids"], kv.lengths, padded.shape[-1])
+    keep = inputs.pop("logits_to_keep", None)
+    if isinstance(keep, int) and keep:
+        keep = torch.arange(q - keep, q, device=dev)
+    compiled = compile and b <= COMPILED_ROWS and kv.layers[0].is_initialized
+    graphs = compiled and compiled_module.graph_outputs(dev)
+    try:
+        if compiled:  # every row's logits: one shape per graph; the rows asked for are read below
+            out = call_compiled(model, static_key(kv, n, b, inputs), f"the draft forward of {type(model).__name__} "
+                                f"for {n} x {b} rows on a {kv.capacity}-entry buffer", "drafters.lanes warms every "
+                                "size a step meets when lanes form", graphs, cache=kv, use_cache=True, **inputs)
+        else:
+            if keep is not None:
+                inputs["logits_to_keep"] = keep
+            with rows_first_head(model):
+                out = model(cache=kv, use_cache=True, **inputs)
+    finally:
+        kv.end_forward()
+    if not hasattr(out, "logits"):  # a draft module's own output: (B, b, ...) rows
+        out = out[:, :q]
+        return out.clone() if graphs else out  # CUDA-graph memory the next replay rewrites; a drafter keeps rows
+    if compiled:
+        out.logits = out.logits[:, :q] if keep is None else out.logits[:, keep]
+        if graphs:
+            out.logits = out.logits.clone()
+    elif keep is None:
+        out.logits = out.logits[:, :q]
+    return out
