@@ -14,7 +14,7 @@ from draftkit.drafters.eagle_reference import make_draft
 from draftkit.drafters.standalone import StandaloneDrafter
 from draftkit.verify.packed import generate_packed
 from draftkit.verify.tree import COMPILED_ROWS
-from tests.models import tiny_model
+from tests.models import WINDOWED, tiny_model, windowed_model
 from tests.test_static import graph_replays, prompts_of
 
 torch.set_num_threads(1)
@@ -74,6 +74,18 @@ def test_static_draft_forwards_propose_what_eager_ones_do(models, kind, eager_gr
         eager = run(target, prompts, make, False)
         assert run(target, prompts, make, True) == eager
         assert len(eager[1]) >= 4 and sum(len(t[0]) for step in eager[1] for t in step if t) >= 16  # trees compared
+
+
+@pytest.mark.parametrize("arch", WINDOWED)
+def test_static_draft_forwards_past_a_sliding_window_propose_what_eager_ones_do(arch, eager_graphs):
+    """A draft of a sliding-window family (here the target as its own draft, several windows past its window):
+    the capacity-wide static mask is narrowed per layer type as the eager one is, so the trees are the same."""
+    target = windowed_model(arch, 8)
+    prompts = [(torch.arange(40) * 5 + 3) % 61, (torch.arange(26) * 7 + 1) % 61]
+    make = lambda c: StandaloneDrafter(target, max_depth=3, top_k=2, max_nodes=6, compile_draft=c)  # noqa: E731
+    for group in (prompts[:1], prompts):
+        eager = run(target, group, make, False)
+        assert run(target, group, make, True) == eager
 
 
 def test_lanes_warm_every_bucket_before_the_first_step(models, eager_graphs, caplog):
