@@ -217,6 +217,13 @@ def sampled_check(device, dtype, n: int) -> dict:
     return {"samples": n, "tv": tv, "tv_bound_0.999": bound, "passed": tv < bound, "accepted_draft_tokens": accepted}
 
 
+def fresh_compile_state() -> None:
+    """Forget every compiled graph before a section compiles its own model: graphs of the earlier sections' models
+    sit on the same transformers code objects, and past dynamo's limit of graphs per code object a compiled call
+    falls back to eager without an error (seen: transformers' static-cache forward in the second dtype)."""
+    torch._dynamo.reset()
+
+
 def hf_generate_speeds(target, prompts, n: int, repeats: int) -> dict:
     """transformers' generate: eager (dynamic cache) and static cache + torch.compile'd forward."""
     def run(ids, **kw):
@@ -225,6 +232,7 @@ def hf_generate_speeds(target, prompts, n: int, repeats: int) -> dict:
             return target.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=n, min_new_tokens=n,
                                    do_sample=False, pad_token_id=0, **kw)[0, len(ids):].tolist()
 
+    fresh_compile_state()
     eager_forward = target.forward
     compiled = torch.compile(eager_forward, dynamic=False)
     report = {}
@@ -342,6 +350,7 @@ def compile_section(device, dtype, args) -> dict:
     from draftkit.verify.forward import warm_compiled
     from draftkit.verify.packed import static_capacity
 
+    fresh_compile_state()
     target = random_llama(device, dtype, args.quick)
     small = small_llama(target, device, dtype)
     eagle = EagleDraftModel.from_target(target).to(device)
