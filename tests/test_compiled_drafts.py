@@ -22,6 +22,10 @@ torch.set_num_threads(1)
 
 @pytest.fixture(scope="module")
 def models():
+    return build_models()
+
+
+def build_models():
     target = tiny_model("llama", layers=4)
     torch.manual_seed(7)
     eagle3 = make_draft(target, [1, 2, 3], "reference", draft_ids=torch.arange(0, 64, 2))
@@ -156,9 +160,11 @@ def graph_replays_any(model):
 
 
 @pytest.mark.slow
-def test_compiled_drafts_never_recompile_after_the_warm_up(models):
+def test_compiled_drafts_never_recompile_after_the_warm_up():
     """Inductor for real: a compiled draft's run recompiles nothing after its lanes warmed (a graph compiled inside
-    a step would be read as seconds of drafting), and its output is the eager draft's."""
+    a step would be read as seconds of drafting), and its output is the eager draft's. Models of its own: the
+    fast tests' stand-in marks graphs as compiled on the models it ran."""
+    models = build_models()
     target = models[0]
     for kind in ("self-chain", "eagle3-tree"):
         make = makers(*models)[kind]
@@ -169,3 +175,18 @@ def test_compiled_drafts_never_recompile_after_the_warm_up(models):
         with torch._dynamo.config.patch(error_on_recompile=True):
             assert run(target, prompts, make, True) == eager
         assert counters["stats"]["unique_graphs"] == graphs
+
+
+@pytest.mark.slow
+def test_past_the_graph_limit_a_compiled_call_fails_in_one_line_instead_of_running_eagerly(monkeypatch):
+    """Dynamo's own behaviour past its graphs per code object is to run eagerly without a word (a "compiled" run
+    timed as compiled); call_compiled raises a one-line error naming the forward instead."""
+    torch._dynamo.reset()  # this process's earlier graphs sit on the same transformers code objects
+    monkeypatch.setattr(compiled, "RECOMPILE_LIMIT", 1)
+    model = tiny_model("llama", seed=6)
+    with torch.no_grad():
+        compiled.call_compiled(model, ("a",), "a forward of 3 tokens", "", False, input_ids=torch.zeros(1, 3).long())
+        with pytest.raises(RuntimeError, match="a forward of 5 tokens would be graph number 2"):
+            compiled.call_compiled(model, ("b",), "a forward of 5 tokens", "", False,
+                                   input_ids=torch.zeros(1, 5).long())
+    torch._dynamo.reset()

@@ -56,8 +56,14 @@ def call_compiled(model, key: tuple, what: str, ahead: str, graphs: bool, **inpu
     if graphs:
         torch.compiler.cudagraph_mark_step_begin()
     t0 = time.perf_counter()
-    with torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT):  # more graphs than dynamo keeps by default
-        out = compiled_forward(model)(**inputs)
+    # more graphs than dynamo keeps by default; past them, an error rather than dynamo's silent eager fallback
+    with torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT, fail_on_recompile_limit_hit=True):
+        try:
+            out = compiled_forward(model)(**inputs)
+        except torch._dynamo.exc.FailOnRecompileLimitHit as exc:
+            raise RuntimeError(f"draftkit: {what} would be graph number {RECOMPILE_LIMIT + 1} on code that models "
+                               "of one class share; torch._dynamo.reset() forgets the graphs of models no longer "
+                               "in use") from exc
     seen = compiled_keys(model)
     if key not in seen:
         seen.add(key)
