@@ -214,17 +214,18 @@ class Fixed:
         pass
 
 
-def test_the_merged_tree_is_cut_at_the_steps_own_floor_or_min_chance():
-    """The controller's floor (Budget.min_path_prob: a node's verify cost in accepted tokens) cuts the merged tree
-    like any drafter's; with none (a fixed budget) only `min_chance` does."""
-    hybrid = HybridDrafter([("a", Fixed([1, 2, 3, 4])), ("b", Fixed([5, 6]))], min_chance=0.01, skip=False)
-    state = lambda floor: DecodeState(torch.tensor([0, 9]), 1, Budget(4, 8, min_path_prob=floor),  # noqa: E731
-                                      greedy=True)
-    reach = [0.5 ** d for d in range(1, 5)]  # the calibration's prior: each level passes half the time
-    for floor, depth in ((0.0, 4), (0.2, 2), (0.1, 3)):
-        tree = hybrid.propose(state(floor))
-        assert sorted(tree.host_tokens) == sorted([1, 2, 3, 4][:depth] + [5, 6][:depth]), floor
-        assert all(r >= floor for r in reach[:depth])
+@pytest.mark.parametrize("greedy", [True, False])
+def test_the_merged_tree_keeps_the_budgets_depth_whatever_the_steps_floor(greedy):
+    """The step's floor (Budget.min_path_prob: the controller's price of one more level) is the members' to apply;
+    the merge cuts at `min_chance` only, so a budget of depth 4 keeps the members' four levels however high the
+    floor, and `min_chance` above a level's calibrated reach (the prior's 0.5 a level) cuts it."""
+    def tokens(floor, min_chance=0.01):
+        hybrid = HybridDrafter([("a", Fixed([1, 2, 3, 4])), ("b", Fixed([5, 6]))], min_chance=min_chance, skip=False)
+        state = DecodeState(torch.tensor([0, 9]), 1, Budget(4, 8, min_path_prob=floor), greedy=greedy)
+        return sorted(hybrid.propose(state).host_tokens)
+    for floor in (0.0, 0.1, 0.2, 0.4):
+        assert tokens(floor) == [1, 2, 3, 4, 5, 6], floor
+    assert tokens(0.0, min_chance=0.2) == [1, 2, 5, 6]  # reach 0.5, 0.25 kept; 0.125 and below cut
 
 
 def calibrate(hybrid, *rates, seen=100.0):
