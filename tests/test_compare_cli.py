@@ -266,3 +266,32 @@ def test_a_named_drafter_without_a_draft_for_the_real_target_is_one_line(capsys,
     assert line.startswith("compare.py: error: --drafters: medusa needs a medusa draft and none is shipped for "
                            "smollm2-135m (peagle too): recipes/smollm2/build.sh"), line
     assert line.endswith("then pass its folder with --medusa DIR"), line
+
+
+def test_compile_gives_every_drafter_the_longest_prompt_before_anything_is_timed(monkeypatch):
+    """A draft compiles its graphs for the buffer a prompt needs when it is given the prompt, and its buffer only
+    grows: --compile hands each drafter the run's longest prompt after the verify buckets, so no timed run meets a
+    buffer its draft has not compiled for."""
+    import types
+
+    import draftkit.verify.forward as fw
+
+    monkeypatch.setattr(fw, "warm_compiled", lambda *a, **k: [1, 2])
+    seen = []
+
+    class Recorder:
+        def reset(self, prompt):
+            seen.append(prompt.tolist())
+
+    def method(drafter):
+        run = types.SimpleNamespace(widest=4, hidden=False, drafter=drafter)
+        return Method("m", run, footprint=lambda: {}, about="")
+    prompt = lambda ids: types.SimpleNamespace(ids=ids)  # noqa: E731
+    tasks = {"code": [prompt([1, 2, 3]), prompt([4, 5, 6, 7, 8])], "copy": [prompt([9])]}
+    args = types.SimpleNamespace(max_new_tokens=8)
+    lines = []
+    target = types.SimpleNamespace(device=torch.device("cpu"))
+    compare.compile_buckets(args, target, [method(None), method(Recorder()), method(Recorder())], tasks,
+                            types.SimpleNamespace(write=lines.append))
+    assert seen == [[4, 5, 6, 7, 8]] * 2
+    assert any("the longest prompt" in line for line in lines)
