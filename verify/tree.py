@@ -114,7 +114,6 @@ class MaskBuffer:
         view[:, w:w + b].masked_fill_(block, 0)
         return buf
 
-
     def write_rows_static(self, past: torch.Tensor, block: torch.Tensor, capacity: int) -> torch.Tensor:
         """Rows of their own, static shapes: past (B, 1) long on the device, each row's committed entries (all
         visible); block (B, b, C) bool, what each of a row's b new tokens sees among its C pending and new entries,
