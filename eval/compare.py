@@ -64,9 +64,7 @@ def build_methods(args, target, tokenizer, on_error=None):
             carry.update(first=first_ids, keep=keep_memory, grammar=grammar)
 
         run.new_task = new_task
-        run.widest = 0 if drafter is None else drafter.budget_cap.max_nodes  # its largest tree (--compile's warm-up)
-        run.hidden = bool(getattr(drafter, "hidden_layers", ()))  # reads the target's features (a graph of its own)
-        run.drafter = drafter  # --compile: its draft's graphs are compiled ahead, for the longest prompt
+        run.drafter = drafter  # --compile's warm-up: its largest tree, whether it reads features, its draft's graphs
         return run
 
     def memory(obj):
@@ -218,12 +216,19 @@ def torch_threads() -> int:
     return torch.get_num_threads()
 
 
+def drafters_of(methods) -> list:
+    """Each method's drafter (None: plain decoding, or a peer)."""
+    return [getattr(m.run, "drafter", None) for m in methods]
+
+
 def widest(methods) -> int:
-    return max(getattr(m.run, "widest", 0) for m in methods)
+    """The largest tree a method of this run drafts."""
+    return max(0 if d is None else d.budget_cap.max_nodes for d in drafters_of(methods))
 
 
 def hidden_kinds(methods) -> tuple[bool, ...]:
-    return tuple(sorted({getattr(m.run, "hidden", False) for m in methods}))
+    """Whether the run's verify forwards hand the target's features over, without, or both (a graph each)."""
+    return tuple(sorted({bool(getattr(d, "hidden_layers", ())) for d in drafters_of(methods)}))
 
 
 def compile_buckets(args, target, methods, tasks, bar) -> None:
@@ -245,7 +250,7 @@ def compile_buckets(args, target, methods, tasks, bar) -> None:
 
     t0 = time.perf_counter()
     prompt = torch.tensor(next(p.ids for ps in tasks.values() for p in ps if len(p.ids) == longest), device=target.device)
-    drafters = [m.run.drafter for m in methods if getattr(m.run, "drafter", None) is not None]
+    drafters = [d for d in drafters_of(methods) if d is not None]
     for drafter in drafters:
         drafter.reset(prompt)
     if drafters:

@@ -110,9 +110,9 @@ def repetitive_prompts(vocab: int, n: int, length: int) -> list[list[int]]:
 # ----------------------------------------------------------------------------- measurements
 
 
-def run_method(target, ids: list[int], drafter, n: int, budget: str):
+def run_method(target, ids: list[int], drafter, n: int, budget: str, **kwargs):
     out = dk.generate(target, torch.tensor(ids, device=target.device), drafter, max_new_tokens=n, eos_token_id=[],
-                      budget=budget)
+                      budget=budget, **kwargs)
     return out.tokens.tolist(), out.stats
 
 
@@ -362,9 +362,7 @@ def compile_section(device, dtype, args) -> dict:
     buckets = warm_compiled(target, static_capacity(max(map(len, prompts)), 1, args.max_new_tokens, 6), 8,
                             (False, True))
     report = {"compile_s": time.perf_counter() - t0, "buckets": buckets, "drafters": {}}
-    run = lambda ids, d: dk.generate(target, torch.tensor(ids, device=device), d,  # noqa: E731
-                                     max_new_tokens=args.max_new_tokens, eos_token_id=[], budget="fixed",
-                                     compile=True).tokens.tolist()
+    run = lambda ids, d: run_method(target, ids, d, args.max_new_tokens, "fixed", compile=True)[0]  # noqa: E731
     plain = [run(ids, None) for ids in prompts]
     for name, make in makers.items():
         drafter, t0 = make(), time.perf_counter()

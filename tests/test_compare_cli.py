@@ -280,11 +280,13 @@ def test_compile_gives_every_drafter_the_longest_prompt_before_anything_is_timed
     seen = []
 
     class Recorder:
+        budget_cap, hidden_layers = types.SimpleNamespace(max_nodes=4), ()
+
         def reset(self, prompt):
             seen.append(prompt.tolist())
 
     def method(drafter):
-        run = types.SimpleNamespace(widest=4, hidden=False, drafter=drafter)
+        run = types.SimpleNamespace(drafter=drafter)
         return Method("m", run, footprint=lambda: {}, about="")
     prompt = lambda ids: types.SimpleNamespace(ids=ids)  # noqa: E731
     tasks = {"code": [prompt([1, 2, 3]), prompt([4, 5, 6, 7, 8])], "copy": [prompt([9])]}

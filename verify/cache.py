@@ -207,11 +207,11 @@ class KVBuffer(Cache):
 
     def static_rows(self, q: int, device) -> torch.Tensor:
         """Before a static forward of q new entries in every row (rows of their own lengths): (B, q) write positions,
-        each row's right after its committed and pending entries (one upload of the lengths). Returns each row's
-        first, (B, 1)."""
+        each row's right after its committed and pending entries (one upload of the lengths, no wait for the device).
+        Returns each row's first, (B, 1)."""
         if max(self.lengths) + self.pending + q > self.capacity:
             self.reserve(2 * (max(self.lengths) + self.pending + q))
-        start = torch.tensor(self.lengths, device=device)[:, None] + self.pending
+        start = torch.tensor(self.lengths).to(device, non_blocking=True)[:, None] + self.pending  # queued, as commit's
         self.write_pos = start + torch.arange(q, device=device)
         self._q = q
         return start
