@@ -37,7 +37,7 @@ from __future__ import annotations
 import json
 import os
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Sequence
 
 import torch
@@ -169,6 +169,8 @@ def _build_layer(layer_config: dict) -> nn.Module:
     model_type = conf.pop("model_type")
     if isinstance(conf.get("layer_types"), list):
         conf["layer_types"] = conf["layer_types"][:1]
+    if isinstance(conf.get("per_layer_config"), dict):  # Gemma 4: {"layer index": overrides}; layer 0's stays
+        conf["per_layer_config"] = {k: v for k, v in conf["per_layer_config"].items() if str(k) == "0"}
     conf.update(num_hidden_layers=1, use_cache=True)
     cfg = AutoConfig.for_model(model_type, **conf)
     base = AutoModel.from_config(cfg, dtype=torch.float32)
@@ -192,9 +194,17 @@ class EagleDraftModel(nn.Module):
     @classmethod
     def from_target(cls, target, feature_layers: Sequence[int] | None = None,
                     init_from_target: bool = False) -> "EagleDraftModel":
-        """A fresh draft for `target`. Its final norm starts as the target's; with init_from_target
-        the decoder layer starts as a copy of the target's last layer."""
-        draft = cls(EagleConfig.from_target(target, feature_layers))
+        """A fresh draft for `target`, its decoder layer of the target's own architecture where a one-layer model
+        of it runs on embeddings alone; else (GPT-2-style bodies without a `.layers` list: GPT-J, Falcon, StarCoder 1;
+        Gemma 4, whose layers read per-layer token embeddings) a Llama layer of the target's width, as every
+        reference EAGLE draft is. Its final norm starts as the target's; with init_from_target the decoder layer
+        starts as a copy of the target's last layer (own architecture only)."""
+        config = EagleConfig.from_target(target, feature_layers)
+        draft = cls._if_it_runs(config)
+        if draft is None:
+            from draftkit.drafters.reference_config import llama_layer_config  # it imports this module
+
+            return cls(replace(config, layer_config=llama_layer_config(target))).float()
         base = target.get_decoder() if hasattr(target, "get_decoder") else target.model
         with torch.no_grad():
             norm = getattr(base, "norm", None)
@@ -203,6 +213,17 @@ class EagleDraftModel(nn.Module):
             if init_from_target:
                 draft.body.layers[0].load_state_dict(base.layers[-1].state_dict())
         return draft.float()
+
+    @classmethod
+    def _if_it_runs(cls, config: EagleConfig) -> "EagleDraftModel | None":
+        """A draft of config whose one-layer body runs on embeddings alone, or None (from_target)."""
+        try:
+            draft = cls(config)
+            with torch.no_grad():
+                draft.body(inputs_embeds=torch.zeros(1, 2, config.hidden_size))
+        except (AttributeError, TypeError, ValueError, RuntimeError, KeyError):
+            return None
+        return draft
 
     # --- features -------------------------------------------------------------------------------
     def select(self, hidden: Sequence[torch.Tensor]) -> torch.Tensor:

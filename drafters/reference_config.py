@@ -23,9 +23,24 @@ def _rope_parameters(cfg) -> dict:
     return {**(dict(scaling) if isinstance(scaling, dict) else {"rope_type": "default"}), "rope_theta": float(theta)}
 
 
+class _Fields:
+    """A config's fields by attribute, with a per-layer field (Gemma 4's head_dim, which the config refuses to
+    read globally) read as its default, the value every layer without an override has."""
+
+    def __init__(self, cfg):
+        self.cfg, self.defaults = cfg, None
+
+    def __getattr__(self, name):
+        try:
+            return getattr(self.cfg, name)
+        except RuntimeError:  # transformers' AmbiguousGlobalPerLayerAttributeError
+            self.defaults = self.defaults or self.cfg.to_dict()
+            return self.defaults.get(name)
+
+
 def llama_layer_config(target_or_config) -> dict:
     """A one-layer Llama config dict with the target's sizes, rotary settings and max positions."""
-    cfg = _text_config(target_or_config) if hasattr(target_or_config, "config") else target_or_config
+    cfg = _Fields(_text_config(target_or_config) if hasattr(target_or_config, "config") else target_or_config)
     hidden = int(cfg.hidden_size)
     heads = int(cfg.num_attention_heads)
     vocab = (target_or_config.get_output_embeddings().weight.shape[0] if hasattr(target_or_config, "config")

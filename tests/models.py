@@ -62,3 +62,18 @@ def windowed_model(arch: str, window: int = 8, vocab: int = 64, hidden: int = 32
     with torch.no_grad():
         model.get_output_embeddings().weight.mul_(4.0)
     return model.eval()
+
+
+def config_model(model_type: str, seed: int = 0, **overrides):
+    """A tiny random model of any transformers architecture, from its config class's defaults and small sizes."""
+    torch.manual_seed(seed)
+    sizes = dict(vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                 intermediate_size=64, max_position_embeddings=512)
+    cfg = transformers.AutoConfig.for_model(model_type, **{**sizes, **overrides})
+    for k in ("bos_token_id", "eos_token_id", "pad_token_id"):  # inside the tiny vocabulary
+        if getattr(cfg, k, None) is not None:
+            setattr(cfg, k, 0)
+    model = transformers.AutoModelForCausalLM.from_config(cfg)
+    with torch.no_grad():
+        model.get_output_embeddings().weight.mul_(4.0)
+    return model.eval()

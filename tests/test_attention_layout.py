@@ -15,7 +15,7 @@ from draftkit.verify.contract import DraftTree
 from draftkit.verify.forward import Verifier
 from draftkit.verify.tree_probe import tree_logits_agree
 from draftkit.verify.packed import generate_packed
-from tests.models import WINDOWED, tiny_model, windowed_model
+from tests.models import WINDOWED, config_model, tiny_model, windowed_model
 from tests.test_lanes import lanes_of
 from tests.test_packed import V, exact_pair, tv_bound, tv_of
 
@@ -129,3 +129,20 @@ def test_models_a_mask_cannot_serve_are_refused_in_one_line(monkeypatch):
     with pytest.raises(UnsupportedAttention, match="mixes attention layer types") as err:
         Verifier(mixed, 64).forward(PROMPT, branched)
     assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("model_type, extra", [
+    ("lfm2", {"num_hidden_layers": 2, "layer_types": ["conv", "full_attention"]}),  # short convolutions
+    ("qwen3_next", {"layer_types": ["linear_attention", "full_attention"]}),  # gated delta-net
+    ("mamba", {}),
+    ("rwkv", {}),  # no layer types, no key/value cache argument
+])
+def test_models_with_recurrent_state_are_refused_before_any_forward(model_type, extra):
+    """A rejected draft would leave a recurrent or convolution state advanced; plain decoding through draftkit's
+    key/value cache would be wrong too (RWKV's ran without an error and differed from transformers' generate)."""
+    model = config_model(model_type, **extra)
+    forwards = []
+    model.register_forward_pre_hook(lambda *a: forwards.append(1))
+    with pytest.raises(UnsupportedAttention, match="recurrent state|takes no key/value cache") as err:
+        dk.generate(model, PROMPT, None, 4, eos_token_id=[])
+    assert "\n" not in str(err.value) and type(model).__name__ in str(err.value) and not forwards

@@ -19,6 +19,7 @@ from draftkit.drafters.eagle import EagleConfig, EagleDraftModel, EagleDrafter
 from draftkit.verify.accept import Sampling
 from draftkit.verify.decode import generate as _generate
 from draftkit.verify.tree import path_slots
+from tests.models import config_model
 
 
 def generate(*args, **kwargs):
@@ -80,6 +81,28 @@ def test_greedy_matches_plain_random_draft(target2, kind):
             ref = generate(target2, prompt, max_new_tokens=n, eos_token_id=[])
             out = generate(target2, prompt, drafter=drafter, max_new_tokens=n, eos_token_id=[])
             assert out.tokens.tolist() == ref.tokens.tolist(), (kind, prompt.tolist(), n)
+
+
+@pytest.mark.parametrize("model_type, extra", [("gpt2", {}), ("falcon", {}), ("gemma4_text", {"head_dim": 8})])
+def test_targets_without_a_one_layer_body_get_a_llama_layer(model_type, extra):
+    """GPT-2-style bodies (no `.layers` list) and Gemma 4 (layers that read per-layer token embeddings) have no
+    one-layer model that runs on embeddings alone: the draft is a Llama layer of the target's width, and drafts
+    losslessly, EAGLE-1/2 and EAGLE-3 alike."""
+    target = config_model(model_type, num_hidden_layers=3, **extra)
+    prompt = PROMPTS[2]
+    ref = generate(target, prompt, max_new_tokens=12, eos_token_id=[]).tokens.tolist()
+    for layers in (None, [0, 1, -1]):
+        draft = EagleDraftModel.from_target(target, layers)
+        assert draft.config.layer_config["model_type"] == "llama"
+        out = generate(target, prompt, drafter=EagleDrafter(target, draft, max_depth=3, top_k=2, max_nodes=6),
+                       max_new_tokens=12, eos_token_id=[])
+        assert out.tokens.tolist() == ref, (model_type, layers)
+
+
+def test_a_target_with_a_one_layer_body_keeps_its_own_architecture(target2):
+    assert EagleDraftModel.from_target(target2).config.layer_config["model_type"] == "llama"
+    qwen = config_model("qwen3")
+    assert EagleDraftModel.from_target(qwen).config.layer_config["model_type"] == "qwen3"
 
 
 @pytest.mark.parametrize("chain", [False, True])

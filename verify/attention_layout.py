@@ -15,7 +15,10 @@ keeps each committed entry's position (verify/forward.py) and the rule is writte
 Models this cannot serve exactly are refused in one line that names the feature (`AttentionLayout.of` raises
 UnsupportedAttention when a forward needs a hand-built mask; plain decoding runs on the model's own mask):
 ALiBi position biases (computed by the model from a 2D mask it never gets) and mixed layer types in a model
-whose forward takes one mask for all layers.
+whose forward takes one mask for all layers. Models that keep state outside a key/value cache (Mamba, linear
+attention, short convolutions: Jamba, Falcon-H1, Qwen3-Next, LFM2, MiniMax; RWKV) are refused before any forward,
+plain decoding too (`check_kv_only`): a rejected draft would leave that state advanced, and the cache draftkit
+rolls back holds keys and values only.
 """
 from __future__ import annotations
 
@@ -56,6 +59,24 @@ def _layer_types(cfg, source: str) -> list[str]:
     if window and getattr(cfg, "use_sliding_window", True) and "create_sliding_window_causal_mask" in source:
         return [SLIDING] * layers
     return [FULL] * layers
+
+
+# transformers' layer types whose cache holds recurrent or convolution state (cache_utils' linear-attention layers)
+RECURRENT = ("conv", "linear_attention", "hybrid", "hybrid_sliding", "mamba", "mamba2", "recurrent")
+
+
+def check_kv_only(model) -> None:
+    """Raise UnsupportedAttention (one line) for a model whose state is not all keys and values (module docstring)."""
+    cfg = text_config(model.config)
+    kinds = sorted({k for k in getattr(cfg, "layer_types", None) or () if k in RECURRENT})
+    if kinds:
+        raise UnsupportedAttention(f"{type(model).__name__} keeps recurrent state in its {', '.join(kinds)} layers, "
+                                   "which a rejected draft would leave advanced; draftkit rolls back key/value "
+                                   "caches only")
+    params = inspect.signature(model.forward).parameters
+    if not {"past_key_values", "cache"} & set(params):
+        raise UnsupportedAttention(f"{type(model).__name__}'s forward takes no key/value cache (past_key_values), "
+                                   "the state draftkit decodes with and rolls back")
 
 
 def _alibi(model) -> bool:

@@ -35,6 +35,8 @@ from __future__ import annotations
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
+from draftkit.verify.attention_layout import check_kv_only
+
 
 class BufferLayer(CacheLayerMixin):
     """One layer's keys and values: (B, H_kv, capacity, D), allocated at the first write."""
@@ -139,6 +141,7 @@ class KVBuffer(Cache):
 
     @classmethod
     def for_model(cls, model, batch_size: int = 1, capacity: int = 256, static: bool = False) -> "KVBuffer":
+        check_kv_only(model)  # a model with recurrent state would decode wrongly from keys and values alone
         return cls(cls.layers_of(model), batch_size, capacity, static)
 
     @staticmethod
