@@ -8,11 +8,8 @@ import pytest
 import torch
 
 import draftkit as dk
-from draftkit.drafters.lookahead import LookaheadDrafter
-from draftkit.drafters.suffix import SuffixDrafter
-from draftkit.verify.packed import generate_packed
 from tests.models import config_model
-from tests.test_lanes import lanes_of
+from tests.test_attention_layout import drafted_tokens
 
 torch.set_num_threads(1)
 
@@ -39,9 +36,5 @@ def test_every_drafter_equals_plain_decoding(model_type):
     plain = dk.generate(target, PROMPT, None, NEW, eos_token_id=[]).tokens.tolist()
     assert plain == ref.tolist()
     for kind in DRAFTERS:
-        make = {"lookahead": LookaheadDrafter, "suffix": lambda: SuffixDrafter(use_global=False)}.get(
-            kind, lambda: lanes_of(kind, target, 1)[0])
         for static in (False, True):
-            out = generate_packed(target, [PROMPT], [make()], NEW, eos_token_id=[], budget="fixed", logprobs=False,
-                                  static=static).outputs[0]
-            assert out.tokens.tolist() == plain, (kind, static)
+            assert drafted_tokens(target, kind, PROMPT, NEW, static) == plain, (kind, static)
