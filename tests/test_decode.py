@@ -150,6 +150,10 @@ def test_bad_input_gives_clear_errors():
         assert generate(target, torch.tensor([1, 2]), max_new_tokens=12, eos_token_id=eos).tokens.tolist() == ref[:stop]
     with pytest.raises(ValueError, match="at least one prompt"):
         dk.generate_batch(target, [], drafter="lookahead")
+    with pytest.raises(ValueError, match="prompt 2 must hold at least one token"):  # which of a batch's prompts
+        dk.generate_batch(target, [[1, 2], [3], []], drafter="lookahead")
+    with pytest.raises(ValueError, match=r"prompt 1's token ids must lie in \[0, 64\)"):
+        dk.generate_batch(target, [[1, 2], [3, 64]], drafter="lookahead")
     for method, flags in (("lookahead", {"max_nodes": 0}), ("suffix", {"max_depth": 0})):
         with pytest.raises(ValueError, match="max_depth and max_nodes must be >= 1"):
             dk.make_drafter(method, target, **flags)

@@ -32,19 +32,19 @@ class GenerationOutput:
     lossless: bool  # False only under typical acceptance
 
 
-def as_prompt(input_ids, vocab_size: int) -> torch.Tensor:
-    """A 1-D long tensor of valid token ids, or a ValueError that says what is wrong."""
+def as_prompt(input_ids, vocab_size: int, name: str = "the prompt") -> torch.Tensor:
+    """A 1-D long tensor of valid token ids, or a ValueError that says what is wrong (`name`: which prompt)."""
     ids = torch.as_tensor(input_ids)
     if ids.dim() == 2:
         if ids.shape[0] != 1:
             raise ValueError(f"generate decodes one sequence; got a batch of {ids.shape[0]}")
         ids = ids[0]
     if ids.dim() != 1 or ids.numel() == 0:
-        raise ValueError(f"the prompt must hold at least one token; got shape {tuple(ids.shape)}")
+        raise ValueError(f"{name} must hold at least one token; got shape {tuple(ids.shape)}")
     if ids.dtype not in (torch.int32, torch.int64):
-        raise TypeError(f"the prompt must be integer token ids, got {ids.dtype}")
+        raise TypeError(f"{name} must be integer token ids, got {ids.dtype}")
     if int(ids.min()) < 0 or int(ids.max()) >= vocab_size:
-        raise ValueError(f"prompt token ids must lie in [0, {vocab_size}); got min {int(ids.min())}, "
+        raise ValueError(f"{name}'s token ids must lie in [0, {vocab_size}); got min {int(ids.min())}, "
                          f"max {int(ids.max())}")
     return ids.long()
 

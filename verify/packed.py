@@ -196,7 +196,8 @@ def generate_packed(model, prompts, drafters, max_new_tokens: int = 64, sampling
     if n < 1:
         raise ValueError("decode at least one sequence")
     vocab = model.get_output_embeddings().weight.shape[0]
-    prompts = [as_prompt(p, vocab).to(model.device) for p in prompts]
+    prompts = [as_prompt(p, vocab, "the prompt" if len(prompts) == 1 else f"prompt {i}").to(model.device)
+               for i, p in enumerate(prompts)]
     if shared_prompt:
         prompts = prompts[:1] * n
     elif len(prompts) != n:
