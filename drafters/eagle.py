@@ -45,7 +45,7 @@ from torch import nn
 from transformers import AutoConfig, AutoModel
 
 from draftkit.drafters.draft_dtype import draft_dtype as dtype_for, head_in, reads_of
-from draftkit.verify.contract import Budget, DecodeState, DraftTree, StepResult
+from draftkit.verify.contract import Budget, DecodeState, DraftMismatch, DraftTree, StepResult
 
 
 CONFIG_NAME = "config.json"
@@ -93,7 +93,7 @@ def check_target_shape(config, target, method: str, script: str) -> None:
     if (hidden, vocab, layers) != (c.hidden_size, c.vocab_size, c.num_target_layers):
         made = c.target_name or "an unnamed target"
         name = _target_name(target) or type(target).__name__
-        raise ValueError(
+        raise DraftMismatch(
             f"{method} draft mismatch: the draft was made for {made} (hidden size {c.hidden_size}, vocabulary "
             f"{c.vocab_size}, {c.num_target_layers} layers) but the target {name} has hidden size {hidden}, "
             f"vocabulary {vocab}, {layers} layers; train a draft for this target with {script}")

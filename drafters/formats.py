@@ -33,6 +33,7 @@ import torch
 from draftkit.drafters.eagle import EagleConfig, EagleDraftModel, _target_name, naming_config, target_shape
 from draftkit.drafters.eagle_reference import build_draft
 from draftkit.drafters.reference_config import LAYOUT, check_feature_layers, llama_layer_config
+from draftkit.verify.contract import DraftMismatch
 
 CONFIG = "config.json"
 TOKEN_MAP = "hot_token_ids.pt"  # EAGLE-1/2 draft vocabulary for SGLang's --speculative-token-map
@@ -421,7 +422,7 @@ def load_medusa_heads(path: str, target):
         raise ValueError(f"{path}: some Medusa heads have an LM head and some do not")
     vocab = int(cfg.get("vocab_size") or (t_vocab if shared else heads_w[0].shape[0]))
     if (hidden, vocab) != (t_hidden, t_vocab):
-        raise ValueError(f"Medusa heads at {path} were trained for target {made} (hidden size {hidden}, vocabulary "
+        raise DraftMismatch(f"Medusa heads at {path} were trained for target {made} (hidden size {hidden}, vocabulary "
                          f"{vocab}); this target {name} has hidden size {t_hidden} and vocabulary {t_vocab}")
     if not shared and all(w is heads_w[0] for w in heads_w) and torch.equal(  # compared in the file's dtype
             heads_w[0], target.get_output_embeddings().weight.detach().cpu().to(heads_w[0].dtype)):

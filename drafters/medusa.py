@@ -44,7 +44,7 @@ from torch import nn
 from draftkit.drafters.medusa_tree import (build_tree_choices, check_tree_choices, default_accuracies,
                                            expected_accepted, path_value)
 from draftkit.drafters.tree_search import draft_probs, generator_on, gumbel_order, sampled_trees_enabled
-from draftkit.verify.contract import WITHOUT_REPLACEMENT, Budget, DecodeState, DraftTree, StepResult
+from draftkit.verify.contract import WITHOUT_REPLACEMENT, Budget, DecodeState, DraftMismatch, DraftTree, StepResult
 
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
@@ -302,7 +302,7 @@ class MedusaDrafter:
         hidden, vocab, layers, name = _target_dims(target)
         made_for = cfg.get("target", {})
         if (cfg["hidden_size"], cfg["vocab_size"]) != (hidden, vocab):
-            raise ValueError(
+            raise DraftMismatch(
                 f"Medusa heads at {path} were trained for target {made_for.get('name', '?')} (hidden size "
                 f"{cfg['hidden_size']}, vocabulary {cfg['vocab_size']}); this target {name} has hidden size "
                 f"{hidden} and vocabulary {vocab}")

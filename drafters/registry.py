@@ -8,6 +8,7 @@ tree method the same node budget, so that side-by-side rows are like for like.
 from __future__ import annotations
 
 import dataclasses
+import logging
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -246,7 +247,12 @@ def available_members(target, names: list[str], paths: dict) -> list[str]:
             out.append("eagle3")
         elif model is None or model in shipped or paths.get(model):
             out.append(n)
-    out = list(dict.fromkeys(out))
+    return two_or_more(out)
+
+
+def two_or_more(names: list[str]) -> list[str]:
+    """A hybrid's member names without repeats; suffix and lookahead (no model to load) make up two."""
+    out = list(dict.fromkeys(names))
     return out if len(out) > 1 else list(dict.fromkeys(out + ["suffix", "lookahead"]))[:2]
 
 
@@ -257,13 +263,25 @@ def compiled_flag(name: str, s) -> dict:
 
 
 def _hybrid(target, paths, tokenizer, s: HybridSettings):
+    """The hybrid of the members that fit the target: a member whose draft was not given and whose shipped draft
+    was made for another target (your own model beside the shipped family's drafts) is left out, in one line."""
     from draftkit.drafters.hybrid import HybridDrafter
+    from draftkit.verify.contract import DraftMismatch
+    from draftkit.zoo import ZooError
 
     paths = paths or {}
-    names = available_members(target, member_names(s.members), paths)
-    members = [(n, build(n, target, paths.get(REGISTRY[n].default_model), tokenizer, **compiled_flag(n, s)))
-               for n in names]
-    return HybridDrafter(members, s.max_depth, s.max_nodes, s.min_chance, s.probe_every)
+    members, names = {}, available_members(target, member_names(s.members), paths)
+    while len(members) < len(names):
+        n = next(n for n in names if n not in members)
+        given = paths.get(REGISTRY[n].default_model)
+        try:
+            members[n] = build(n, target, given, tokenizer, **compiled_flag(n, s))
+        except (DraftMismatch, ZooError) as err:
+            if given:
+                raise
+            logging.getLogger("draftkit").warning("draftkit: the hybrid leaves out %s: %s", n, err)
+            names = two_or_more([x for x in names if x != n])
+    return HybridDrafter(list(members.items()), s.max_depth, s.max_nodes, s.min_chance, s.probe_every)
 
 
 REGISTRY: dict[str, Entry] = {

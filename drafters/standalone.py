@@ -15,7 +15,7 @@ from draftkit.drafters.lanes import DraftLanes, compatible
 from draftkit.drafters.tree_search import kept_entries
 from draftkit.verify.accept import Sampling
 from draftkit.verify.cache import KVBuffer  # the same cache class the verifier uses
-from draftkit.verify.contract import Budget, DecodeState, DraftTree, StepResult
+from draftkit.verify.contract import Budget, DecodeState, DraftMismatch, DraftTree, StepResult
 from draftkit.verify.forward import context_limit
 from draftkit.verify.tree import run_model
 
@@ -26,11 +26,11 @@ def check_same_vocabulary(target, draft, target_tokenizer=None, draft_tokenizer=
     tv = target.get_output_embeddings().weight.shape[0]
     dv = draft.get_output_embeddings().weight.shape[0]
     if tv != dv:
-        raise ValueError(f"vocabulary mismatch: {target_name} has {tv} output tokens, {draft_name} has {dv}; "
+        raise DraftMismatch(f"vocabulary mismatch: {target_name} has {tv} output tokens, {draft_name} has {dv}; "
                          "a drafter must use the target's tokenizer")
     if target_tokenizer is not None and draft_tokenizer is not None:
         if target_tokenizer.get_vocab() != draft_tokenizer.get_vocab():
-            raise ValueError(f"tokenizer mismatch: {target_name} ({type(target_tokenizer).__name__}, "
+            raise DraftMismatch(f"tokenizer mismatch: {target_name} ({type(target_tokenizer).__name__}, "
                              f"{len(target_tokenizer)} tokens) and {draft_name} ({type(draft_tokenizer).__name__}, "
                              f"{len(draft_tokenizer)} tokens) map tokens to different ids")
 

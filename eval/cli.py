@@ -205,6 +205,9 @@ def _unshipped(args) -> set[str]:
     from draftkit.zoo import shipped_for
 
     family = _family(args)
+    if family is None and not _shipped_family_fits(args.target):  # your own model: the shipped drafts are not its
+        return {name for name, e in REGISTRY.items() if e.default_model and getattr(args, e.default_model, None)
+                is None}
     if family is None:
         shipped = set(available())
         return {name for name, e in REGISTRY.items() if e.train_hint and e.default_model not in shipped
@@ -216,14 +219,39 @@ def _unshipped(args) -> set[str]:
             and getattr(args, e.default_model, None) is None}
 
 
+def _shipped_family_fits(target: str | None) -> bool:
+    """Is --target the shipped target, or of its shape (hidden size, vocabulary, layers: a fine-tune of it), so that
+    the shipped family's drafts fit it? Read from the configs, before any weights; a config that cannot be read
+    answers yes (target_info then says what is wrong with it)."""
+    from transformers import AutoConfig
+
+    from draftkit.models import resolve
+
+    if target in (None, "", "default"):
+        return True
+    try:
+        ours, theirs = (AutoConfig.from_pretrained(resolve(name, "target")) for name in (None, target))
+    except Exception:  # noqa: BLE001 - any unreadable config is reported by target_info, in one line
+        return True
+
+    def shape(cfg):
+        text = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+        return tuple(getattr(text, k, None) for k in ("hidden_size", "vocab_size", "num_hidden_layers"))
+
+    return shape(ours) == shape(theirs)
+
+
 def unshipped_error(args, missing: list[str]) -> str:
     """The one line for drafters named in --drafters whose draft the zoo does not ship (for this target)."""
     from draftkit.drafters.registry import REGISTRY
 
     e, family = REGISTRY[missing[0]], _family(args)
     how = "recipes/smollm2/build.sh trains every draft for it" if family else \
-        e.train_hint or "train one with the recipes under recipes/"
+        e.train_hint or "train one with the recipes under recipes/ (docs/training.md)"
     also = f" ({', '.join(missing[1:])} too)" if missing[1:] else ""
+    if family is None and not _shipped_family_fits(args.target):
+        return (f"--drafters: {missing[0]} needs a draft made for {args.target}{also}; the shipped drafts were "
+                f"made for the shipped target: {how}, then pass its folder with --{e.default_model} DIR")
     return (f"--drafters: {missing[0]} needs a {e.default_model} draft and none is shipped"
             f"{' for ' + family if family else ''}{also}: {how}, then pass its folder with --{e.default_model} DIR")
 

@@ -268,6 +268,27 @@ def test_a_named_drafter_without_a_draft_for_the_real_target_is_one_line(capsys,
     assert line.endswith("then pass its folder with --medusa DIR"), line
 
 
+def test_your_own_target_is_not_offered_the_shipped_targets_drafts(capsys, no_models, tmp_path):
+    """On a target of another shape the shipped family's drafts cannot run: `all` leaves them out (it used to print
+    a FAILED row for each) and one named on purpose is one line, before any model loads."""
+    from transformers import AutoTokenizer, LlamaConfig
+
+    from draftkit.models import resolve
+
+    LlamaConfig(vocab_size=8192, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                intermediate_size=128).save_pretrained(tmp_path)
+    AutoTokenizer.from_pretrained(resolve(None, "target")).save_pretrained(tmp_path)
+    args = cli.parse_args(["--target", str(tmp_path)])
+    cli.check_drafters(args, cli.drafter_choices())
+    assert set(args.drafter_names) == {"lookahead", "suffix", "hybrid"}
+    line = usage_error(capsys, "--target", str(tmp_path), "--drafters", "suffix,eagle3")
+    assert f"--drafters: eagle3 needs a draft made for {tmp_path}; the shipped drafts were made for the " \
+           "shipped target" in line and line.endswith("--eagle3 DIR"), line
+    shipped = cli.parse_args(["--target", resolve(None, "target")])  # the shipped target by its folder: all of them
+    cli.check_drafters(shipped, cli.drafter_choices())
+    assert {"eagle", "eagle3", "medusa", "standalone"} <= set(shipped.drafter_names)
+
+
 def test_compile_gives_every_drafter_the_longest_prompt_before_anything_is_timed(monkeypatch):
     """A draft compiles its graphs for the buffer a prompt needs when it is given the prompt, and its buffer only
     grows: --compile hands each drafter the run's longest prompt after the verify buckets, so no timed run meets a

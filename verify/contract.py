@@ -24,7 +24,11 @@ from draftkit.verify import sync
 IID, WITHOUT_REPLACEMENT = "iid", "without_replacement"
 
 
-@dataclass
+class DraftMismatch(ValueError):
+    """A draft made for another target (its hidden size, vocabulary or layer count differ), named in one line."""
+
+
+@dataclass(frozen=True)
 class SiblingDraws:
     """The draws behind each slot's children when one tree merges the proposals of several drafters
     that drew independently of each other (drafters/hybrid.py).
