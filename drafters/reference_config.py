@@ -100,6 +100,17 @@ def reference_config(target, feature_layers: Sequence[int] | None = None, draft_
                        layout=LAYOUT, draft_vocab_size=int(draft_vocab_size if 0 < draft_vocab_size < vocab else 0))
 
 
+def three_layers(num_layers: int) -> list[int]:
+    """The three hidden states an EAGLE-3 (or DFlash) draft fuses when a recipe says `auto`: (2, L//2, L-3), the
+    engines' default (vLLM, SGLang; drafters/formats.py); under 7 layers, where those collide, spread over 1..L-1."""
+    n = int(num_layers)
+    if n < 4:
+        raise ValueError(f"three fused layers need a target of 4 or more layers (1..L-1 distinct), this one has {n}")
+    if 2 < n // 2 < n - 3:
+        return [2, n // 2, n - 3]
+    return [1, n // 2, n - 1]
+
+
 def check_draft_layers(draft_layers: int, feats: list[int]) -> None:
     """EAGLE-1/2 drafts have one decoder layer (what every engine computes); EAGLE-3 / P-EAGLE any number >= 1."""
     if draft_layers < 1 or (len(feats) == 1 and draft_layers != 1):

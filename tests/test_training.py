@@ -19,7 +19,7 @@ import torch
 import yaml
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from draftkit.train.config import TrainConfig, load_recipe, parse_config
+from draftkit.train.config import TrainConfig, TrainError, load_recipe, parse_config
 from draftkit.train.data import train_tokenizer
 from draftkit.train.loop import STATE_FILE, cli
 
@@ -222,6 +222,33 @@ def test_recipe_lowers_the_loss_and_resumes_exactly(name, tiny, tmp_path):
     assert resumed["resumed_from"] == 4  # lost at most one checkpoint interval
     assert [h["loss"] for h in resumed["history"]] == pytest.approx(losses[4:], rel=1e-5, abs=1e-6)
     assert (tmp_path / "b" / "final" / "train_report.json").exists()
+
+
+def test_auto_layers_fit_the_recipes_to_any_target_depth(tiny, tmp_path):
+    """`feature_layers: auto` (the EAGLE-3 recipes) is (2, L//2, L-3) of the target's config: the shipped 24-layer
+    target's [2, 12, 21], SmolLM2's [2, 15, 27]; shallow targets get three distinct layers, one too shallow a
+    one-line error. The recipes then train on a 4-layer GPT-2-style target they were not written for."""
+    from transformers import AutoTokenizer, GPT2Config, GPT2LMHeadModel
+
+    from draftkit.drafters.reference_config import three_layers
+
+    assert three_layers(24) == [2, 12, 21] and three_layers(30) == [2, 15, 27] and three_layers(7) == [2, 3, 4]
+    assert [three_layers(n) for n in (4, 5, 6)] == [[1, 2, 3], [1, 2, 4], [1, 3, 5]]
+    with pytest.raises(ValueError, match="4 or more layers"):
+        three_layers(3)
+    tok = AutoTokenizer.from_pretrained(str(tiny / "target"))
+    torch.manual_seed(0)
+    GPT2LMHeadModel(GPT2Config(vocab_size=len(tok), n_embd=32, n_layer=4, n_head=4, n_positions=128)).save_pretrained(
+        str(tmp_path / "gpt2"))
+    tok.save_pretrained(str(tmp_path / "gpt2"))
+    for recipe, want in (("eagle3_reference", [1, 2, 3]), ("eagle3", [1, 2, 4])):
+        argv = recipe_argv("eagle", tiny, tmp_path / recipe, "--config", f"recipes/eagle/{recipe}.yaml",
+                           "--max_steps", "2", "--ttt_steps", "1", "--regenerate", "false")
+        argv[argv.index("--target") + 1] = str(tmp_path / "gpt2")
+        assert run_recipe("eagle", argv)["feature_layers"] == want, recipe
+    with pytest.raises(TrainError, match="layers auto: three fused layers need a target of 4 or more layers"):
+        run_recipe("eagle", recipe_argv("eagle", tiny, tmp_path / "shallow", "--feature_layers", "auto",
+                                        "--max_steps", "2"))
 
 
 def test_gradient_accumulation_and_a_transformers_schedule(tiny, tmp_path):

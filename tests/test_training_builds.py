@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from draftkit.drafters.reference_config import three_layers
 from draftkit.train.config import parse_config
 from tests.test_training import ROOT, config_class, recipe_argv, run_recipe, tiny  # noqa: F401 (tiny: a fixture)
 
@@ -23,7 +24,6 @@ def test_zoo_build_commands_parse_and_finished_stages_are_skipped(tmp_path, mode
     done = tmp_path / "target" / "final"
     done.mkdir(parents=True)
     (done / "train_report.json").write_text("{}")
-    (done / "config.json").write_text('{"num_hidden_layers": 30}')  # EAGLE-3's layers come from the target's config
     env = {**os.environ, "DRY_RUN": "1", "OUT": str(tmp_path), "CORPUS": "python"}
     argv = ["bash", "recipes/zoo/build.sh"] + (["--gpu"] if mode == "gpu" else [])
     out = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, check=True).stdout
@@ -36,10 +36,8 @@ def test_zoo_build_commands_parse_and_finished_stages_are_skipped(tmp_path, mode
                == f"{tmp_path}/eagle3/final" for c in stages)
     for command in stages:
         words = shlex.split(command)
-        if "recipes/eagle/eagle3_reference.yaml" in words and "train/eagle.py" in words:
-            assert words[words.index("--feature_layers") + 1:][:3] == ["2", "15", "27"]  # (2, L//2, L-3) of 30
-        if "train/prepare_data.py" in words:
-            assert words[words.index("--layers") + 1:][:4] == ["2", "15", "27", "-1"]
+        if "train/prepare_data.py" in words:  # (2, L//2, L-3) and the last, from the target's config when it loads
+            assert words[words.index("--layers") + 1] == "auto"
         script = Path(words[1]).stem
         cls = config_class(importlib.import_module("draftkit.train." + script))
         cfg = parse_config(cls, words[2:], ignore_unknown=script == "prepare_data")  # it reads a recipe's data keys
@@ -135,9 +133,9 @@ def test_real_target_build_commands_parse(tmp_path, mode):
     eagle3, eagle2, draft, medusa, dflash, peagle = runs[-6], runs[-5], runs[-4], runs[-3], runs[-2], runs[-1]
     assert eagle3.train_rows == eagle2.train_rows == cfg.train_rows  # what ships read all of it
     for train in runs[:-5] + [peagle]:  # EAGLE-3 (and its continuation) and P-EAGLE read (2, L//2, L-3) of 30
-        assert train.layout == "reference" and list(train.feature_layers) == [2, 15, 27]
+        assert train.layout == "reference" and train.feature_layers == "auto"
     assert eagle2.layout == "reference" and list(eagle2.feature_layers) == []
-    assert list(dflash.target_layers) == [2, 15, 27] and cfg.layers[:3] == [2, 15, 27]  # stored once, shared
+    assert dflash.target_layers == "auto" and cfg.layers[:3] == three_layers(30)  # stored once, shared
     assert medusa.share_lm_head and peagle.parallel_depths > 1 and draft.hidden_size < 576
     final = out / "eagle3" / "final"
     if mode == "gpu":

@@ -5,7 +5,8 @@
 
 Parsing is transformers' HfArgumentParser: the YAML's values become the parser's defaults, so a flag on
 the command line wins and `--config X --help` shows what X sets. A list field takes a YAML list
-(`--feature_layers "[1, 3, -1]"`, `"[]"` for none) or its items (`--feature_layers 1 3 -1`).
+(`--feature_layers "[1, 3, -1]"`, `"[]"` for none) or its items (`--feature_layers 1 3 -1`); the layer lists
+also take `auto`, three layers chosen from the target's config when it loads (so that one recipe fits any target).
 """
 from __future__ import annotations
 
@@ -23,11 +24,34 @@ class TrainError(Exception):
     """A problem with a run's settings or its output folder: reported as one line, without a traceback."""
 
 
-def field(default, help: str):
-    """A config field with help text for --help."""
+AUTO = "auto"  # a layer list chosen from the target's config once it loads (drafters/reference_config.three_layers)
+
+
+def field(default, help: str, auto: bool = False):
+    """A config field with help text for --help; `auto`: a list field that also takes the word auto."""
+    meta = {"help": help, **({"auto": True} if auto else {})}  # HfArgumentParser hands other fields' keys to argparse
     if isinstance(default, (list, dict)):
-        return dataclasses.field(default_factory=lambda: type(default)(default), metadata={"help": help})
-    return dataclasses.field(default=default, metadata={"help": help})
+        return dataclasses.field(default_factory=lambda: type(default)(default), metadata=meta)
+    return dataclasses.field(default=default, metadata=meta)
+
+
+def auto_or_list(value):
+    """AUTO for "auto" (a YAML value) or ["auto"] (the flag), else the list as it is."""
+    return AUTO if value == AUTO or value == [AUTO] else value
+
+
+def auto_layers(target, final: bool = False) -> list[int]:
+    """The three hidden states `auto` stands for on this target (drafters/reference_config.three_layers); `final`:
+    the last one is the final norm's output (-1), as draftkit's EAGLE-3 layout reads it. A one-line TrainError for
+    a target too shallow to have three."""
+    from draftkit.drafters.reference_config import three_layers
+
+    cfg = target.config.get_text_config() if hasattr(target.config, "get_text_config") else target.config
+    try:
+        low, mid, high = three_layers(cfg.num_hidden_layers)
+    except ValueError as err:
+        raise TrainError(f"layers auto: {err}") from None
+    return [low, mid, -1 if final else high]
 
 
 @dataclasses.dataclass
@@ -112,6 +136,8 @@ class RecipeParser(HfArgumentParser):
         item = field.type.__args__[0]
 
         def convert(text: str):
+            if text == AUTO and field.metadata.get("auto"):
+                return text
             value = yaml.safe_load(text) if text.startswith("[") else text
             return [item(x) for x in value] if isinstance(value, list) else item(value)
 

@@ -26,7 +26,8 @@ import torch  # noqa: E402
 from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
 
 from draftkit.drafters.dflash import DFlashDrafter, make_dflash_draft  # noqa: E402
-from draftkit.train.config import TrainError, field, mask_token, parse_config, resolve_model, shared  # noqa: E402
+from draftkit.train.config import (AUTO, TrainError, auto_layers, auto_or_list, field, mask_token,  # noqa: E402
+                                   parse_config, resolve_model, shared)
 from draftkit.train.calibrate import fit_for_report  # noqa: E402
 from draftkit.train.decode_eval import measure_tau  # noqa: E402
 from draftkit.train.dflash_loss import DFlashLoss  # noqa: E402
@@ -43,7 +44,8 @@ class DFlashTrainConfig(TargetDataConfig):
     draft_layers: int = field(3, "decoder layers of the draft")
     target_layers: list[int] = field([], "hidden-state indices fused into the context (0 = embeddings, k = the "
                                          "stream entering layer k); [] = z-lab's choice, one per draft layer "
-                                         "spread over layers 1 .. L - 3")
+                                         "spread over layers 1 .. L - 3; auto = (2, L//2, L-3) from the target's "
+                                         "config, the EAGLE-3 engines' choice", auto=True)
     mask_token_id: int = field(-1, "the mask token's id (its target embedding is the masked positions' input; -1: "
                                    "the tokenizer's pad token, else its EOS)")
     anchors: int = field(16, "blocks cut from each training sequence per step (random anchors)")
@@ -60,6 +62,7 @@ class DFlashTrainConfig(TargetDataConfig):
 
     def __post_init__(self):
         super().__post_init__()
+        self.target_layers = auto_or_list(self.target_layers)
         if self.block_size < 2 or self.draft_layers < 1 or self.anchors < 1:
             raise TrainError(f"block_size must be >= 2, draft_layers and anchors >= 1; got {self.block_size}, "
                              f"{self.draft_layers}, {self.anchors}")
@@ -110,6 +113,8 @@ def main(argv=None):
         target = AutoModelForCausalLM.from_pretrained(target_path, dtype=torch.float32).to(acc.device).eval()
         target.requires_grad_(False)
         mask = mask_token(tokenizer, cfg.mask_token_id)
+        if cfg.target_layers == AUTO:  # the recipe fits any target: its layers come from this one's config
+            cfg.target_layers = auto_layers(target)
         torch.manual_seed(cfg.seed)
         try:
             draft = initial_draft(cfg, target) if cfg.init_from else \

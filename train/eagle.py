@@ -50,7 +50,8 @@ from draftkit.drafters.peagle import make_peagle_draft  # noqa: E402
 from draftkit.drafters.registry import tree_drafter_class  # noqa: E402
 from draftkit.train import decode_eval  # noqa: E402
 from draftkit.train.calibrate import fit_for_report  # noqa: E402
-from draftkit.train.config import TrainError, field, mask_token, parse_config, resolve_model, shared  # noqa: E402
+from draftkit.train.config import (AUTO, TrainError, auto_layers, auto_or_list, field, mask_token,  # noqa: E402
+                                   parse_config, resolve_model, shared)
 from draftkit.train.loop import Loop, cli  # noqa: E402
 from draftkit.train.peagle_loss import PEagleLoss  # noqa: E402
 from draftkit.train.targetdata import TargetDataConfig, target_data  # noqa: E402
@@ -62,7 +63,9 @@ class EagleTrainConfig(TargetDataConfig):
                                    "tokenizer is used too")
     feature_layers: list[int] = field([], "hidden-state indices the draft reads (0 = embeddings, -1 = last): [] = "
                                           "the last only (EAGLE-1/2); three, e.g. [1, 3, -1], = EAGLE-3 "
-                                          "low/mid/high fusion")
+                                          "low/mid/high fusion; auto = EAGLE-3's three from the target's config "
+                                          "((2, L//2, L-3) in the reference layout, (2, L//2, -1) in draftkit's)",
+                                      auto=True)
     ttt_steps: int = field(1, "training-time test: unrolled draft steps on its own features (1 = EAGLE-1/2)")
     ttt_decay: float = field(0.8, "loss weight of unrolled step i is ttt_decay ** i")
     init_from: str = field("", "continue from an existing EAGLE draft (a folder, or default: the shipped one of this "
@@ -97,18 +100,18 @@ class EagleTrainConfig(TargetDataConfig):
 
     def __post_init__(self):
         super().__post_init__()
+        self.feature_layers = auto_or_list(self.feature_layers)
+        three = self.feature_layers == AUTO or len(self.feature_layers) == 3
         if self.ttt_steps < 1:
             raise TrainError(f"ttt_steps must be >= 1, got {self.ttt_steps}")
         if self.layout not in ("draftkit", "reference"):
             raise TrainError(f"layout must be draftkit or reference, got {self.layout!r}")
         if self.layout == "draftkit" and self.draft_vocab_size > 0:
             raise TrainError("draft_vocab_size needs layout: reference (draftkit's layout uses the full vocabulary)")
-        if self.parallel_depths and (self.layout != "reference" or len(self.feature_layers) != 3
-                                     or self.ttt_steps != 1):
+        if self.parallel_depths and (self.layout != "reference" or not three or self.ttt_steps != 1):
             raise TrainError("parallel_depths (P-EAGLE) needs layout: reference, three feature_layers and ttt_steps: 1 "
                              f"(got {self.layout}, {self.feature_layers}, {self.ttt_steps})")
-        if self.draft_layers < 1 or (self.draft_layers > 1 and (self.layout != "reference"
-                                                                 or len(self.feature_layers) != 3)):
+        if self.draft_layers < 1 or (self.draft_layers > 1 and (self.layout != "reference" or not three)):
             raise TrainError(f"draft_layers must be 1, or more with layout: reference and three feature_layers "
                              f"(EAGLE-3, P-EAGLE); got {self.draft_layers}")
         if self.parallel_depths < 0:
@@ -289,6 +292,8 @@ def main(argv=None):
         if vocab < len(tokenizer):
             raise TrainError(f"tokenizer of {cfg.target} has {len(tokenizer)} tokens "
                              f"but the model only {vocab} outputs")
+        if cfg.feature_layers == AUTO:  # the recipe fits any target: its layers come from this one's config
+            cfg.feature_layers = auto_layers(target, final=cfg.layout != "reference")
         feature_layers = list(cfg.feature_layers) or [-1]
         data = target_data(cfg, target, tokenizer, acc, feature_layers, seed=cfg.seed)
         loop.tokens_per_row = data.tokens_per_epoch / data.rows.shape[0]

@@ -18,7 +18,7 @@ import torch  # noqa: E402
 from accelerate import Accelerator  # noqa: E402
 from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
 
-from draftkit.train.config import field, parse_config, resolve_model  # noqa: E402
+from draftkit.train.config import AUTO, auto_layers, auto_or_list, field, parse_config, resolve_model  # noqa: E402
 from draftkit.train.loop import cli  # noqa: E402
 from draftkit.train.targetdata import TargetDataConfig, target_data  # noqa: E402
 
@@ -27,7 +27,12 @@ from draftkit.train.targetdata import TargetDataConfig, target_data  # noqa: E40
 class PrepareConfig(TargetDataConfig):
     target: str = field("default", "target model (a folder, a hub id, or default: the shipped target)")
     layers: list[int] = field([-1], "hidden_states indices to store (0 = embeddings, -1 = the last); the last is "
-                                    "always stored")
+                                    "always stored; auto = EAGLE-3's three from the target's config, (2, L//2, L-3), "
+                                    "and the last", auto=True)
+
+    def __post_init__(self):
+        super().__post_init__()
+        self.layers = auto_or_list(self.layers)
 
 
 def main(argv=None):
@@ -38,7 +43,8 @@ def main(argv=None):
     tokenizer = AutoTokenizer.from_pretrained(path)
     target = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).to(acc.device).eval()
     target.requires_grad_(False)
-    data = target_data(cfg, target, tokenizer, acc, cfg.layers)
+    layers = auto_layers(target) + [-1] if cfg.layers == AUTO else cfg.layers
+    data = target_data(cfg, target, tokenizer, acc, layers)
     return {"rows": data.rows.shape[0], "trained_tokens": data.tokens_per_epoch, "layers": data.layers,
             "cache_dir": cfg.cache_dir}
 

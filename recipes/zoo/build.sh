@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # bash recipes/zoo/build.sh
 # Rebuilds the whole default model family (target, then every drafter trained on that target) and ships it
-# (EAGLE-3 and P-EAGLE fuse the target's layers 2, L//2 and L-3, read from its config once it exists)
+# (EAGLE-3, P-EAGLE and DFlash fuse the target's layers 2, L//2 and L-3: their recipes say `auto`, read from the
+# target's config when each stage loads it)
 # into zoo/ with its manifest. Resumable: a stage whose final model exists (<OUT>/<stage>/final/
 # train_report.json, written last) is skipped, and a killed stage resumes from its last checkpoint when the
 # script is started again. Each stage logs to <OUT>/<stage>.log.
@@ -51,18 +52,10 @@ declare -A GPU_FLAGS=(
   [dflash]="$GPU_DATA --max_steps 3000"
 )
 
-eagle3_layers() {  # the hidden states EAGLE-3 fuses, from the target's config: vLLM's default (2, L//2, L-3)
-  [[ -f $TARGET/config.json ]] || return 0  # a dry run before the target exists: the recipes' own layers
-  python -c 'import json, sys; n = json.load(open(sys.argv[1]))["num_hidden_layers"]; print(2, n // 2, n - 3)' \
-    "$TARGET/config.json"
-}
-
 command_of() {  # the exact command of a stage, into the array CMD (and, quoted, what the manifest records)
   CMD=(python "train/${SCRIPT[$1]}" --config "${RECIPE[$1]}" --output_dir "$OUT/$1" --cache_dir "$OUT/cache")
   [[ -z ${CORPUS:-} ]] || CMD+=(--corpus "$CORPUS")
   eval "CMD+=(${FLAGS[$1]})"
-  local layers; layers=$(eagle3_layers)
-  if [[ -n $layers && ( $1 == eagle3 || $1 == peagle ) ]]; then read -ra l <<< "$layers"; CMD+=(--feature_layers "${l[@]}"); fi
   # shellcheck disable=SC2206  # the GPU flags are plain words
   [[ $GPU == 0 ]] || CMD+=("${GPU_COMMON[@]}" ${GPU_FLAGS[$1]})
 }
@@ -79,10 +72,8 @@ stage() {
 stage target
 # the target's own text and its hidden states (every layer any drafter reads), once for every drafter
 prepare() {
-  local layers; layers=$(eagle3_layers)
-  read -ra l <<< "${layers:-2 12 21}"
   CMD=(python train/prepare_data.py --config recipes/eagle/eagle3_reference.yaml --target "$TARGET"
-       --cache_dir "$OUT/cache" --output_dir "$OUT/prepare" --layers "${l[@]}" -1)
+       --cache_dir "$OUT/cache" --output_dir "$OUT/prepare" --layers auto)
   [[ -z ${CORPUS:-} ]] || CMD+=(--corpus "$CORPUS")
   # shellcheck disable=SC2206
   [[ $GPU == 0 ]] || CMD+=($GPU_DATA)
