@@ -224,27 +224,46 @@ def test_recipe_lowers_the_loss_and_resumes_exactly(name, tiny, tmp_path):
     assert (tmp_path / "b" / "final" / "train_report.json").exists()
 
 
+def gpt2_target(tiny, folder) -> str:
+    """A 4-layer GPT-2-style target (Conv1D layers, no `.layers` list) with the tiny tokenizer, saved."""
+    from transformers import AutoTokenizer, GPT2Config, GPT2LMHeadModel
+
+    tok = AutoTokenizer.from_pretrained(str(tiny / "target"))
+    torch.manual_seed(0)
+    GPT2LMHeadModel(GPT2Config(vocab_size=len(tok), n_embd=32, n_layer=4, n_head=4, n_positions=128,
+                               bos_token_id=tok.eos_token_id, eos_token_id=tok.eos_token_id)).save_pretrained(folder)
+    tok.save_pretrained(folder)
+    return str(folder)
+
+
+def test_medusa2_adapters_fit_the_targets_own_layer_names(tiny, tmp_path):
+    """The recipe's LoRA modules (q_proj ...) are not GPT-2's: one line naming its own, before any data is made;
+    `--lora_targets auto` takes peft's default for the architecture (c_attn)."""
+    argv = recipe_argv("medusa", tiny, tmp_path / "m2", "--mode", "medusa2", "--data_mode", "online",
+                       "--max_steps", "2", "--lora_targets", "q_proj", "v_proj")
+    argv[argv.index("--target") + 1] = gpt2_target(tiny, tmp_path / "gpt2")
+    with pytest.raises(TrainError, match=r"lora_targets: \['q_proj', 'v_proj'\] match no module of it; "
+                                         "GPT2LMHeadModel's linear layers are c_attn, c_fc, c_proj"):
+        run_recipe("medusa", argv)
+    assert not (tmp_path / "m2" / "final").exists()
+    assert run_recipe("medusa", argv + ["--lora_targets", "auto"])["mode"] == "medusa2"
+
+
 def test_auto_layers_fit_the_recipes_to_any_target_depth(tiny, tmp_path):
     """`feature_layers: auto` (the EAGLE-3 recipes) is (2, L//2, L-3) of the target's config: the shipped 24-layer
     target's [2, 12, 21], SmolLM2's [2, 15, 27]; shallow targets get three distinct layers, one too shallow a
     one-line error. The recipes then train on a 4-layer GPT-2-style target they were not written for."""
-    from transformers import AutoTokenizer, GPT2Config, GPT2LMHeadModel
-
     from draftkit.drafters.reference_config import three_layers
 
     assert three_layers(24) == [2, 12, 21] and three_layers(30) == [2, 15, 27] and three_layers(7) == [2, 3, 4]
     assert [three_layers(n) for n in (4, 5, 6)] == [[1, 2, 3], [1, 2, 4], [1, 3, 5]]
     with pytest.raises(ValueError, match="4 or more layers"):
         three_layers(3)
-    tok = AutoTokenizer.from_pretrained(str(tiny / "target"))
-    torch.manual_seed(0)
-    GPT2LMHeadModel(GPT2Config(vocab_size=len(tok), n_embd=32, n_layer=4, n_head=4, n_positions=128)).save_pretrained(
-        str(tmp_path / "gpt2"))
-    tok.save_pretrained(str(tmp_path / "gpt2"))
+    gpt2 = gpt2_target(tiny, tmp_path / "gpt2")
     for recipe, want in (("eagle3_reference", [1, 2, 3]), ("eagle3", [1, 2, 4])):
         argv = recipe_argv("eagle", tiny, tmp_path / recipe, "--config", f"recipes/eagle/{recipe}.yaml",
                            "--max_steps", "2", "--ttt_steps", "1", "--regenerate", "false")
-        argv[argv.index("--target") + 1] = str(tmp_path / "gpt2")
+        argv[argv.index("--target") + 1] = gpt2
         assert run_recipe("eagle", argv)["feature_layers"] == want, recipe
     with pytest.raises(TrainError, match="layers auto: three fused layers need a target of 4 or more layers"):
         run_recipe("eagle", recipe_argv("eagle", tiny, tmp_path / "shallow", "--feature_layers", "auto",

@@ -38,7 +38,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
 
 from draftkit.drafters.medusa import MedusaHeads, save_medusa  # noqa: E402
 from draftkit.drafters.medusa_tree import build_tree_choices, expected_accepted  # noqa: E402
-from draftkit.train.config import TrainError, field, parse_config, resolve_model, shared  # noqa: E402
+from draftkit.train.config import (AUTO, TrainError, auto_or_list, field, parse_config, resolve_model,  # noqa: E402
+                                   shared)
 from draftkit.train.loop import Loop, cli  # noqa: E402
 from draftkit.train.targetdata import TargetDataConfig, target_data  # noqa: E402
 
@@ -58,7 +59,9 @@ class MedusaConfig(TargetDataConfig):
     lora_r: int = field(8, "medusa2: LoRA rank")
     lora_alpha: int = field(16, "medusa2: LoRA alpha")
     lora_dropout: float = field(0.0, "medusa2: LoRA dropout")
-    lora_targets: list[str] = field(["q_proj", "v_proj"], "medusa2: module names that get LoRA adapters")
+    lora_targets: list[str] = field(["q_proj", "v_proj"], "medusa2: module names that get LoRA adapters; auto = "
+                                                          "peft's default for the target's architecture",
+                                    auto=True)
     target_loss: str = field("kl", "medusa2: kl (KL(original || fine-tuned), self-distillation) or lm (next-token CE)")
     kl_weight: float = field(1.0, "medusa2: weight of the target's own loss (KL or LM)")
     head_weight: float = field(0.2, "medusa2: weight of the head losses")
@@ -77,6 +80,7 @@ class MedusaConfig(TargetDataConfig):
 
     def __post_init__(self):
         super().__post_init__()
+        self.lora_targets = auto_or_list(self.lora_targets)
         if self.mode not in ("medusa1", "medusa2"):
             raise TrainError(f"mode must be 'medusa1' or 'medusa2', got {self.mode!r}")
         if self.target_loss not in ("kl", "lm"):
@@ -220,6 +224,27 @@ def eval_metrics(res: dict) -> dict:
 # ----------------------------------------------------------------------------- models
 
 
+def init_heads_file(cfg, target) -> str | None:
+    """The weights file of cfg.init_heads, checked against the heads this run makes for `target` (a one-line
+    TrainError before any data is made), or None for new heads."""
+    if not cfg.init_heads:
+        return None
+    folder = resolve_model(cfg.init_heads, "medusa", "--init_heads")
+    src = os.path.join(folder, "model.safetensors")
+    if not os.path.exists(src):
+        raise TrainError(f"--init_heads {cfg.init_heads}: {src} does not exist (train Medusa-1 first, or pass "
+                         "--init_heads '' for new heads)")
+    with open(os.path.join(folder, "config.json")) as fh:
+        icfg = json.load(fh)
+    hidden, vocab = target.get_output_embeddings().weight.shape[1], target.get_output_embeddings().weight.shape[0]
+    want = {"hidden_size": hidden, "vocab_size": vocab, "num_heads": cfg.num_heads, "num_layers": cfg.num_layers,
+            "share_lm_head": cfg.share_lm_head}  # MedusaHeads.config() of the heads make_heads builds
+    if any(icfg.get(k) != v for k, v in want.items()):
+        raise TrainError(f"--init_heads {cfg.init_heads} has heads {({k: icfg.get(k) for k in want})}, this run "
+                         f"wants {want} (pass --init_heads '' for new heads, or heads made for this target)")
+    return src
+
+
 def make_heads(cfg, target) -> MedusaHeads:
     emb = target.get_output_embeddings()
     torch.manual_seed(cfg.seed)
@@ -228,29 +253,35 @@ def make_heads(cfg, target) -> MedusaHeads:
         heads.attach_lm_head(emb)
     else:
         heads.init_from_lm_head(emb)
-    if cfg.init_heads:
+    src = init_heads_file(cfg, target)
+    if src is not None:
         from safetensors.torch import load_file
 
-        folder = resolve_model(cfg.init_heads, "medusa", "--init_heads")
-        src = os.path.join(folder, "model.safetensors")
-        if not os.path.exists(src):
-            raise TrainError(f"--init_heads {cfg.init_heads}: {src} does not exist (train Medusa-1 first, or pass "
-                             "--init_heads '' for new heads)")
-        with open(os.path.join(folder, "config.json")) as fh:
-            icfg = json.load(fh)
-        want = heads.config()
-        if any(icfg.get(k) != v for k, v in want.items()):
-            raise TrainError(f"--init_heads {cfg.init_heads} has heads {({k: icfg.get(k) for k in want})}, this run "
-                             f"wants {want} (pass --init_heads '' for new heads, or heads made for this target)")
         heads.load_state_dict({k: v.float() for k, v in load_file(src).items()})
     return heads.to(emb.weight.device)
+
+
+def lora_targets(cfg, target) -> list[str]:
+    """The module names that get adapters: the recipe's when the target has them, peft's default for its
+    architecture for `auto`; else a one-line TrainError naming the target's own linear layers."""
+    from peft.utils.constants import TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING as DEFAULTS
+    from transformers.pytorch_utils import Conv1D  # GPT-2's linear layers
+
+    kind = target.config.model_type
+    names = DEFAULTS.get(kind, []) if cfg.lora_targets == AUTO else list(cfg.lora_targets)
+    linear = sorted({n.rsplit(".", 1)[-1] for n, m in target.named_modules()
+                     if isinstance(m, (torch.nn.Linear, Conv1D))} - {"lm_head"})
+    if not names or not set(names) & set(linear):
+        asked = f"peft has no default for {kind}" if not names else f"{names} match no module of it"
+        raise TrainError(f"lora_targets: {asked}; {type(target).__name__}'s linear layers are {', '.join(linear)}")
+    return names
 
 
 def add_lora(cfg, target):
     from peft import LoraConfig, get_peft_model
 
     lora = LoraConfig(r=cfg.lora_r, lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout,
-                      target_modules=list(cfg.lora_targets), bias="none", task_type="CAUSAL_LM")
+                      target_modules=lora_targets(cfg, target), bias="none", task_type="CAUSAL_LM")
     return get_peft_model(target, lora)
 
 
@@ -273,6 +304,9 @@ def main(argv=None):
         if len(tokenizer) > vocab:
             raise TrainError(f"tokenizer has {len(tokenizer)} tokens but target {cfg.target} only {vocab} outputs")
         target.requires_grad_(False).eval()
+        init_heads_file(cfg, target)  # the settings' one-line errors before the data is made (minutes on a real
+        if medusa2:                   # target)
+            lora_targets(cfg, target)
         data = target_data(cfg, target, tokenizer, acc, seed=cfg.seed)  # the final hidden state
         loop.tokens_per_row = data.tokens_per_epoch / data.rows.shape[0]
         heads = make_heads(cfg, target)
