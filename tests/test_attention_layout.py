@@ -153,3 +153,22 @@ def test_models_with_recurrent_state_are_refused_before_any_forward(model_type, 
     with pytest.raises(UnsupportedAttention, match="recurrent state|takes no key/value cache") as err:
         dk.generate(model, PROMPT, None, 4, eos_token_id=[])
     assert "\n" not in str(err.value) and type(model).__name__ in str(err.value) and not forwards
+
+
+def test_wrapped_models_keep_their_cache_and_are_not_refused():
+    """The cache check reads the model class's forward: a PEFT model (LoRA not merged) is judged by the model it
+    wraps, and a forward wrapped on the instance (hooks, profilers) changes nothing; both decode exactly."""
+    from peft import LoraConfig, get_peft_model
+
+    peft = get_peft_model(tiny_model("llama", seed=3), LoraConfig(r=4, target_modules=["q_proj", "v_proj"])).eval()
+    with torch.no_grad():
+        for name, p in peft.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.5)  # an adapter that changes the output
+    ref = peft.generate(input_ids=PROMPT[None], attention_mask=torch.ones(1, PROMPT.numel(), dtype=torch.long),
+                        max_new_tokens=12, do_sample=False, eos_token_id=None, pad_token_id=0)[0, PROMPT.numel():]
+    assert dk.generate(peft, PROMPT, LookaheadDrafter(), 12, eos_token_id=[]).tokens.tolist() == ref.tolist()
+    model = tiny_model("llama", seed=3)
+    real = model.forward
+    model.forward = lambda *a, **k: real(*a, **k)
+    assert dk.generate(model, PROMPT, None, 4, eos_token_id=[]).tokens.numel() == 4

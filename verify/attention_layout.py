@@ -73,7 +73,8 @@ def check_kv_only(model) -> None:
         raise UnsupportedAttention(f"{type(model).__name__} keeps recurrent state in its {', '.join(kinds)} layers, "
                                    "which a rejected draft would leave advanced; draftkit rolls back key/value "
                                    "caches only")
-    params = inspect.signature(model.forward).parameters
+    inner = model.get_base_model() if hasattr(model, "get_base_model") else model  # a PEFT model: what it wraps
+    params = inspect.signature(type(inner).forward).parameters  # the class's: an instance's wrapper says nothing
     if not {"past_key_values", "cache"} & set(params):
         raise UnsupportedAttention(f"{type(model).__name__}'s forward takes no key/value cache (past_key_values), "
                                    "the state draftkit decodes with and rolls back")
