@@ -221,8 +221,9 @@ def _unshipped(args) -> set[str]:
 
 def _shipped_family_fits(target: str | None) -> bool:
     """Is --target the shipped target, or of its shape (hidden size, vocabulary, layers: a fine-tune of it), so that
-    the shipped family's drafts fit it? Read from the configs, before any weights; a config that cannot be read
-    answers yes (target_info then says what is wrong with it)."""
+    the shipped family's drafts fit it? Read from the configs on this machine, before any weights and without the
+    hub (a hub model not downloaded yet answers yes, as does a config that cannot be read: target_info then says
+    what is wrong with it)."""
     from transformers import AutoConfig
 
     from draftkit.models import resolve
@@ -230,7 +231,8 @@ def _shipped_family_fits(target: str | None) -> bool:
     if target in (None, "", "default"):
         return True
     try:
-        ours, theirs = (AutoConfig.from_pretrained(resolve(name, "target")) for name in (None, target))
+        ours, theirs = (AutoConfig.from_pretrained(resolve(name, "target"), local_files_only=True)
+                        for name in (None, target))
     except Exception:  # noqa: BLE001 - any unreadable config is reported by target_info, in one line
         return True
 
