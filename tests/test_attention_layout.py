@@ -131,10 +131,11 @@ def test_models_a_mask_cannot_serve_are_refused_in_one_line(monkeypatch):
     with pytest.raises(UnsupportedAttention, match="ALiBi"):
         Verifier(model, 64).forward(PROMPT, branched)
     assert dk.generate(model, PROMPT, None, 8, eos_token_id=[]).tokens.numel() == 8
-    flash = tiny_model("llama")
-    flash.config._attn_implementation = "flash_attention_2"  # set by hand: no flash-attn kernels on this machine
-    with pytest.raises(UnsupportedAttention, match='runs flash_attention_2.*attn_implementation="sdpa"'):
-        Verifier(flash, 64).forward(PROMPT, branched)
+    for impl in ("flash_attention_2", "flex_attention"):
+        kernel = tiny_model("llama")
+        kernel.config._attn_implementation = impl  # set by hand: no flash-attn kernels on this machine
+        with pytest.raises(UnsupportedAttention, match=f'runs {impl}.*attn_implementation="sdpa"'):
+            Verifier(kernel, 64).forward(PROMPT, branched)
     mixed = windowed_model("gemma3", WINDOW, seed=1)
     monkeypatch.setattr(attention_layout, "_module_source", lambda m: "")  # a forward that takes one mask only
     with pytest.raises(UnsupportedAttention, match="mixes attention layer types") as err:

@@ -15,7 +15,7 @@ keeps each committed entry's position (verify/forward.py) and the rule is writte
 Models this cannot serve exactly are refused in one line that names the feature (`AttentionLayout.of` raises
 UnsupportedAttention when a forward needs a hand-built mask; plain decoding runs on the model's own mask):
 ALiBi position biases (computed by the model from a 2D mask it never gets), FlashAttention kernels (a causal flag
-and padding, no mask: load the model with sdpa) and mixed layer types in a model whose forward takes one mask for
+and padding, no mask) and flex attention (load the model with sdpa) and mixed layer types in a model whose forward takes one mask for
 all layers. Models that keep state outside a key/value cache (Mamba, linear
 attention, short convolutions: Jamba, Falcon-H1, Qwen3-Next, LFM2, MiniMax; RWKV) are refused before any forward,
 plain decoding too (`check_kv_only`): a rejected draft would leave that state advanced, and the cache draftkit
@@ -105,9 +105,11 @@ class AttentionLayout:
             raise UnsupportedAttention(f"{type(model).__name__} adds ALiBi position biases, which it computes from "
                                        "a 2D mask that a tree forward never gives it")
         impl = str(getattr(model.config, "_attn_implementation", None) or "")
-        if "flash" in impl or "paged" in impl:  # FlashAttention kernels take a causal flag and padding, not a mask
-            raise UnsupportedAttention(f"{type(model).__name__} runs {impl}, which takes no hand-built 4D mask (a "
-                                       "tree's or a batch's); load it with attn_implementation=\"sdpa\" (or \"eager\")")
+        # FlashAttention kernels take a causal flag and padding, not a mask; flex attention given one of these masks
+        # died in the heap on this CPU (torch 2.13, "corrupted size vs. prev_size"), where transformers' own runs
+        if any(word in impl for word in ("flash", "paged", "flex")):
+            raise UnsupportedAttention(f"{type(model).__name__} runs {impl}, to which draftkit cannot hand a tree's "
+                                       "or a batch's 4D mask; load it with attn_implementation=\"sdpa\" (or \"eager\")")
         cfg = text_config(model.config)
         source = _module_source(model)
         spans = {}
