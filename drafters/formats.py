@@ -32,7 +32,7 @@ import torch
 
 from draftkit.drafters.eagle import EagleConfig, EagleDraftModel, _target_name, naming_config, target_shape
 from draftkit.drafters.eagle_reference import build_draft
-from draftkit.drafters.reference_config import LAYOUT, check_feature_layers, llama_layer_config
+from draftkit.drafters.reference_config import LAYOUT, check_feature_layers, engine_layers, llama_layer_config
 from draftkit.verify.contract import DraftMismatch
 
 CONFIG = "config.json"
@@ -200,7 +200,7 @@ def _aux_layers(cfg: dict, num_layers: int) -> list[int]:
         return sorted(int(k) for k in top)
     if sglang:
         return sorted(int(j) + 1 for j in sglang)
-    return [2, num_layers // 2, num_layers - 3]
+    return engine_layers(num_layers)
 
 
 def load_eagle_draft(path: str, target=None):

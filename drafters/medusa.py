@@ -92,8 +92,13 @@ class MedusaHeads(nn.Module):
         self._lm_head = None  # a plain attribute holding a list: not a submodule, never saved or trained here
 
     def config(self) -> dict:
-        return {"hidden_size": self.hidden_size, "vocab_size": self.vocab_size, "num_heads": self.num_heads,
-                "num_layers": self.num_layers, "share_lm_head": self.share_lm_head}
+        return self.settings(self.hidden_size, self.vocab_size, self.num_heads, self.num_layers, self.share_lm_head)
+
+    @staticmethod
+    def settings(hidden_size: int, vocab_size: int, num_heads: int, num_layers: int, share_lm_head: bool) -> dict:
+        """The config of heads of these sizes, without building them."""
+        return {"hidden_size": hidden_size, "vocab_size": vocab_size, "num_heads": num_heads,
+                "num_layers": num_layers, "share_lm_head": share_lm_head}
 
     def attach_lm_head(self, lm_head: nn.Module) -> "MedusaHeads":
         """The target's LM head, used when share_lm_head (kept out of state_dict and parameters)."""

@@ -100,15 +100,20 @@ def reference_config(target, feature_layers: Sequence[int] | None = None, draft_
                        layout=LAYOUT, draft_vocab_size=int(draft_vocab_size if 0 < draft_vocab_size < vocab else 0))
 
 
+def engine_layers(num_layers: int) -> list[int]:
+    """The three layers vLLM and SGLang fuse when a draft's config names none: (2, L//2, L-3), repeats and all."""
+    n = int(num_layers)
+    return [2, n // 2, n - 3]
+
+
 def three_layers(num_layers: int) -> list[int]:
-    """The three hidden states an EAGLE-3 (or DFlash) draft fuses when a recipe says `auto`: (2, L//2, L-3), the
-    engines' default (vLLM, SGLang; drafters/formats.py); under 7 layers, where those collide, spread over 1..L-1."""
+    """The three hidden states an EAGLE-3 (or DFlash) draft fuses when a recipe says `auto`: the engines' default;
+    under 7 layers, where its layers collide, spread over 1..L-1 (exports name their layers, so engines agree)."""
     n = int(num_layers)
     if n < 4:
         raise ValueError(f"three fused layers need a target of 4 or more layers (1..L-1 distinct), this one has {n}")
-    if 2 < n // 2 < n - 3:
-        return [2, n // 2, n - 3]
-    return [1, n // 2, n - 1]
+    low, mid, high = engine_layers(n)
+    return [low, mid, high] if low < mid < high else [1, n // 2, n - 1]
 
 
 def check_draft_layers(draft_layers: int, feats: list[int]) -> None:

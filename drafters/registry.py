@@ -270,9 +270,8 @@ def _hybrid(target, paths, tokenizer, s: HybridSettings):
     from draftkit.zoo import ZooError
 
     paths = paths or {}
-    members, names = {}, available_members(target, member_names(s.members), paths)
-    while len(members) < len(names):
-        n = next(n for n in names if n not in members)
+    members = {}
+    for n in available_members(target, member_names(s.members), paths):
         given = paths.get(REGISTRY[n].default_model)
         try:
             members[n] = build(n, target, given, tokenizer, **compiled_flag(n, s))
@@ -280,7 +279,9 @@ def _hybrid(target, paths, tokenizer, s: HybridSettings):
             if given:
                 raise
             logging.getLogger("draftkit").warning("draftkit: the hybrid leaves out %s: %s", n, err)
-            names = two_or_more([x for x in names if x != n])
+    for n in two_or_more(list(members)):  # suffix and lookahead (nothing to load) make up two
+        if n not in members:
+            members[n] = build(n, target, None, tokenizer, **compiled_flag(n, s))
     return HybridDrafter(list(members.items()), s.max_depth, s.max_nodes, s.min_chance, s.probe_every)
 
 

@@ -9,6 +9,7 @@ its context, builds the prompts and creates the results folder. Any bad input is
 from __future__ import annotations
 
 import argparse
+import functools
 
 from draftkit.eval import cli_checks as check
 from draftkit.eval.cli_checks import UsageError
@@ -219,6 +220,7 @@ def _unshipped(args) -> set[str]:
             and getattr(args, e.default_model, None) is None}
 
 
+@functools.lru_cache(maxsize=8)  # asked by _unshipped and again by unshipped_error
 def _shipped_family_fits(target: str | None) -> bool:
     """Is --target the shipped target, or of its shape (hidden size, vocabulary, layers: a fine-tune of it), so that
     the shipped family's drafts fit it? Read from the configs on this machine, before any weights and without the

@@ -236,16 +236,16 @@ def init_heads_file(cfg, target) -> str | None:
                          "--init_heads '' for new heads)")
     with open(os.path.join(folder, "config.json")) as fh:
         icfg = json.load(fh)
-    hidden, vocab = target.get_output_embeddings().weight.shape[1], target.get_output_embeddings().weight.shape[0]
-    want = {"hidden_size": hidden, "vocab_size": vocab, "num_heads": cfg.num_heads, "num_layers": cfg.num_layers,
-            "share_lm_head": cfg.share_lm_head}  # MedusaHeads.config() of the heads make_heads builds
+    vocab, hidden = target.get_output_embeddings().weight.shape
+    want = MedusaHeads.settings(hidden, vocab, cfg.num_heads, cfg.num_layers, cfg.share_lm_head)
     if any(icfg.get(k) != v for k, v in want.items()):
         raise TrainError(f"--init_heads {cfg.init_heads} has heads {({k: icfg.get(k) for k in want})}, this run "
                          f"wants {want} (pass --init_heads '' for new heads, or heads made for this target)")
     return src
 
 
-def make_heads(cfg, target) -> MedusaHeads:
+def make_heads(cfg, target, src: str | None) -> MedusaHeads:
+    """New heads for `target`, loaded from `src` (init_heads_file's, checked) when given."""
     emb = target.get_output_embeddings()
     torch.manual_seed(cfg.seed)
     heads = MedusaHeads(emb.weight.shape[1], emb.weight.shape[0], cfg.num_heads, cfg.num_layers, cfg.share_lm_head)
@@ -253,7 +253,6 @@ def make_heads(cfg, target) -> MedusaHeads:
         heads.attach_lm_head(emb)
     else:
         heads.init_from_lm_head(emb)
-    src = init_heads_file(cfg, target)
     if src is not None:
         from safetensors.torch import load_file
 
@@ -304,12 +303,12 @@ def main(argv=None):
         if len(tokenizer) > vocab:
             raise TrainError(f"tokenizer has {len(tokenizer)} tokens but target {cfg.target} only {vocab} outputs")
         target.requires_grad_(False).eval()
-        init_heads_file(cfg, target)  # the settings' one-line errors before the data is made (minutes on a real
-        if medusa2:                   # target)
+        init_heads = init_heads_file(cfg, target)  # the settings' one-line errors before the data is made
+        if medusa2:                                # (minutes on a real target)
             lora_targets(cfg, target)
         data = target_data(cfg, target, tokenizer, acc, seed=cfg.seed)  # the final hidden state
         loop.tokens_per_row = data.tokens_per_epoch / data.rows.shape[0]
-        heads = make_heads(cfg, target)
+        heads = make_heads(cfg, target, init_heads)
         if medusa2:
             target = add_lora(cfg, target)
             target.train()
