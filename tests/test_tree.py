@@ -48,6 +48,21 @@ def test_mask_buffer_is_reused_and_cleared_between_calls():
     assert torch.equal(again, first)
 
 
+def test_more_rows_do_not_widen_the_buffer():
+    """A cost profile times trees of 1..16, 32 and 64 nodes at one context: the buffer grows in rows, its columns
+    stay what the widest step needs (doubling them at every new row count reached 35 GB at context 2048)."""
+    masks = MaskBuffer(torch.float32, "cpu")
+    w = 300
+    for q in [*range(2, 18), 33, 65]:
+        past = torch.ones(q, w, dtype=torch.bool)
+        block = torch.ones(q, q, dtype=torch.bool).tril()
+        mask = masks.write(past, block)
+        assert mask.shape == (1, 1, q, w + q) and (mask[0, 0, :, :w] == 0).all()
+    assert masks.buf.shape[-1] < 2 * (w + 65) and masks.nbytes() <= 4 * 65 * 2 * (w + 65)
+    masks.write(torch.ones(2, 4 * w, dtype=torch.bool), torch.ones(2, 2, dtype=torch.bool))  # a wider step
+    assert masks.buf.shape[-1] >= 4 * w + 2
+
+
 def test_ragged_rows_hide_the_columns_past_their_length():
     masks = MaskBuffer(torch.float32, "cpu")
     block = torch.ones(1, 1, dtype=torch.bool)
