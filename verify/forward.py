@@ -46,6 +46,7 @@ from draftkit.verify.cache import KVBuffer
 from draftkit.verify.compiled import bucket, call_compiled, graph_outputs
 from draftkit.verify.layer_tap import LayerTap
 from draftkit.verify.contract import DraftTree
+from draftkit.verify.gqa import grouped_attention
 from draftkit.verify.head import rows_first_head
 from draftkit.verify.step import SHARED, Piece, StepInputs
 from draftkit.verify.tree import MaskBuffer
@@ -232,8 +233,10 @@ class Verifier:
         if tap is not None:  # eager: hooks keep the layers asked for; the model returns no hidden states
             inputs["output_hidden_states"] = False
         try:
-            head = rows_first_head(self.model) if forward is self.model else nullcontext()  # verify/head.py
-            with tap.capture(hidden_layers) if tap is not None else nullcontext({}) as tapped, head:
+            eager = forward is self.model
+            head = rows_first_head(self.model) if eager else nullcontext()  # verify/head.py
+            grouped = grouped_attention(self.model) if eager else nullcontext()  # verify/gqa.py
+            with tap.capture(hidden_layers) if tap is not None else nullcontext({}) as tapped, head, grouped:
                 out = forward(cache=self.kv, use_cache=True, **inputs)
         finally:
             self.kv.end_forward()

@@ -1,0 +1,46 @@
+"""Grouped-query attention over the shared key/value heads on a CPU, under a hand-built mask too.
+
+A model with fewer key/value heads than query heads (SmolLM2: 9 query heads, 3 key/value heads) runs its
+attention through transformers' `sdpa_attention_forward`. Without a mask (the plain decoding step) it groups the
+query heads over the shared key/value heads; with one (every tree, every batch, every chain on top of a cache)
+it copies each key/value head once per query head first (`repeat_kv`), because on a GPU a mask sends a grouped
+call to the slow math kernel. On a CPU the grouped call takes the mask at the same speed and gives bit-identical
+outputs, and the copies were most of a verify step's extra time at long contexts: SmolLM2, 2 EPYC cores, per
+layer at context 1024, 2 query rows: 371 us copied, 169 us grouped; at context 4096: 1,668 us and 601 us; the same
+numbers to the last bit (verify/cost_profile.py's curve shows the step).
+
+transformers reads `TRANSFORMERS_SDPA_FORCE_GQA` on every attention call; `grouped_attention` sets it for the
+duration of one forward on the CPU only, and puts back what was there.
+"""
+from __future__ import annotations
+
+import os
+from contextlib import contextmanager
+
+import torch
+
+FLAG = "TRANSFORMERS_SDPA_FORCE_GQA"
+_TORCH_GROUPS = tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2]) >= (2, 5)  # enable_gqa
+
+
+def groups_on_cpu(model) -> bool:
+    """Whether `model` attends with SDPA on the CPU, where a masked grouped call is as fast as an unmasked one."""
+    config = model.config
+    return _TORCH_GROUPS and model.device.type == "cpu" and getattr(config, "_attn_implementation", None) == "sdpa"
+
+
+@contextmanager
+def grouped_attention(model):
+    """For one forward of `model`: grouped-query attention under a mask too, where `groups_on_cpu`."""
+    if not groups_on_cpu(model) or os.environ.get(FLAG) == "1":
+        yield
+        return
+    before = os.environ.get(FLAG)
+    os.environ[FLAG] = "1"
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ[FLAG]
+        else:
+            os.environ[FLAG] = before
