@@ -82,3 +82,56 @@ def test_processes_saving_one_profile_at_once_never_collide(tmp_path):
     assert errors == []
     assert json.loads(file.read_text())["curve"] == list(range(200))
     assert [p.name for p in file.parent.iterdir()] == ["profile.json"]
+
+
+def test_a_later_context_is_measured_at_the_coarse_sizes_with_the_nearest_padding(tmp_path, monkeypatch, caplog):
+    """The first eager curve of a model is dense (every size up to PADDED_REACH, its padding found there); at another
+    context bucket only PROFILE_SIZES are timed, fewer times, and the nearest bucket's padding is taken, each size
+    priced at what it runs as. A benchmark's refresh measures the dense curve again."""
+    import logging
+
+    from draftkit.verify import cost_profile as cp
+    from tests.models import tiny_model
+
+    monkeypatch.setenv("DRAFTKIT_CACHE", str(tmp_path))
+    model = tiny_model("llama")
+    calls = []
+    real = cp.CostProfile.measure.__func__
+    monkeypatch.setattr(cp.CostProfile, "measure", classmethod(
+        lambda cls, m, ctx, *a, **kw: calls.append((ctx, kw["reps"])) or real(cls, m, ctx, *a, **kw)))
+    monkeypatch.setattr(cp, "padding", lambda seconds: {2: 3, 5: 8})  # whatever this machine's BLAS does
+    first = cp.CostProfile.for_model(model, 40)
+    assert first.sizes == list(range(1, cp.PADDED_REACH + 1)) + [32, 64] and first.padded == [[2, 3], [5, 8]]
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="draftkit"):
+        later = cp.CostProfile.for_model(model, 200)
+    assert calls == [(128, cp.REPS), (256, cp.REPS_AT_NEXT)]
+    assert "at context 256" in caplog.records[0].getMessage() and "padding measured at context 128" in \
+        caplog.records[0].getMessage()
+    assert later.context == 256 and later.sizes == list(cp.PROFILE_SIZES) and later.padded == first.padded
+    timed = cp.CostProfile(later.plain_s, later.sizes, later.unpadded)  # as measured, before padding
+    assert later.ratios[1] == max(1.0, timed.c(3), later.ratios[0])  # 2 nodes run as 3: priced so
+    assert all(b >= a for a, b in zip(later.ratios, later.ratios[1:]))
+    dense = cp.CostProfile.for_model(model, 200, refresh=True)
+    assert calls[-1] == (256, cp.REPS) and len(dense.sizes) == len(first.sizes)
+
+
+def test_the_timed_context_repeats_a_short_prompts_entries():
+    """A cost profile runs a forward over PROMPT_SEED tokens and repeats their entries up to the context it times
+    (what attention costs does not depend on what the keys hold)."""
+    import torch
+
+    from draftkit.verify.contract import DraftTree
+    from draftkit.verify.forward import Verifier
+    from tests.models import tiny_model
+
+    ver = Verifier(tiny_model("llama"), capacity=16)
+    ver.forward(torch.arange(1, 6), DraftTree.empty().validate())
+    ver.commit(5, [])
+    ver.kv.tile(13)
+    assert ver.kv.lengths == [13] and ver.kv.capacity >= 13 and ver.cache_len == 13
+    for layer in ver.kv.layers:
+        for held in (layer.keys, layer.values):
+            assert torch.equal(held[0, :, 5:13], held[0, :, [i % 5 for i in range(5, 13)]])
+    logits, _ = ver.forward(torch.tensor([7]), DraftTree.chain([3, 4]).validate())  # a step on top runs
+    assert logits.shape == (3, 64)

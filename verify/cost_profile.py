@@ -11,7 +11,12 @@ graphs, which the run then reuses).
 The eager curve is measured at every size up to PADDED_REACH nodes as well: where a larger size measured clearly
 cheaper (some CPU BLAS builds run a product of 2-3 or 5-7 rows slower than one of 4 or 8), a step of that size
 runs padded to it (`row_padding`, verify/forward.py), and c(n) is the cost of the size it runs as: a longer tree
-then never costs less, which the controller's model assumes."""
+then never costs less, which the controller's model assumes.
+
+Which sizes pad is a matter of the BLAS's row counts, not of the context, so a model measured at one context bucket
+is measured at the next only at PROFILE_SIZES, fewer times (REPS_AT_NEXT), with the padding of its nearest
+measured bucket: SmolLM2-135M on 2 CPU cores at context 4096 took 40 s for the dense curve, inside the first call
+whose prompt passed 2,048 tokens. A benchmark's `refresh` measures the dense curve at every bucket."""
 from __future__ import annotations
 
 import hashlib
@@ -31,6 +36,8 @@ PROFILE_SIZES = (1, 2, 4, 8, 16, 32, 64)
 PROFILE_TTL_S = 24 * 3600
 PADDED_REACH = 16  # the eager curve is measured at every size up to this many nodes: the sizes a step is padded to
 PAD_WIN = 0.95  # a size is padded to a larger one that measured at most this share of its time (a clear win)
+PROMPT_SEED = 128  # tokens of the timed context that run a forward (KVBuffer.tile repeats their entries)
+REPS, REPS_AT_NEXT = 5, 3  # timings per size: a model's first eager curve (dense), a later bucket's (coarse)
 
 
 def machine_key(device=None) -> str:
@@ -92,15 +99,17 @@ class CostProfile:
 
     @classmethod
     @torch.no_grad()
-    def measure(cls, model, context: int, sizes=PROFILE_SIZES, reps: int = 5, verifier=None) -> "CostProfile":
+    def measure(cls, model, context: int, sizes=PROFILE_SIZES, reps: int = REPS, verifier=None,
+                padded_as: "CostProfile | None" = None) -> "CostProfile":
         """A few forwards at `context` tokens: the minimum of `reps` timings per tree size. verifier: an empty
-        static verifier to measure on (its path; emptied again after), else a fresh eager one."""
+        static verifier to measure on (its path; emptied again after), else a fresh eager one. padded_as: an eager
+        profile of the same model at another context, whose padding this one takes (only `sizes` are timed)."""
         from draftkit.verify.contract import DraftTree
         from draftkit.verify.forward import Verifier
         from draftkit.verify.tree_probe import probe_tree_attention
         from draftkit.verify.timing import clock_for
 
-        if verifier is None:  # eager: every size a step may be padded from or to (module docstring)
+        if verifier is None and padded_as is None:  # eager: every size a step may be padded from or to
             sizes = tuple(sorted(set(sizes) | set(range(1, PADDED_REACH + 1))))
         need = context + max(sizes) + 2
         ver = verifier if verifier is not None else Verifier(model, capacity=need)
@@ -108,8 +117,10 @@ class CostProfile:
             raise ValueError(f"a {ver.kv.capacity}-entry verifier cannot time trees at context {context}")
         vocab = ver.vocab_size
         ids = torch.randint(0, vocab, (context,), generator=torch.Generator().manual_seed(0)).to(model.device)
-        ver.forward(ids, DraftTree.empty(model.device).validate())
-        ver.commit(context, [])
+        seed = min(context, PROMPT_SEED)  # a prompt's forward, the rest of the context its entries repeated
+        ver.forward(ids[:seed], DraftTree.empty(model.device).validate())
+        ver.commit(seed, [])
+        ver.kv.tile(context)
         root = ids[-1:]
 
         trees = [DraftTree.empty(model.device).validate()]
@@ -131,8 +142,13 @@ class CostProfile:
             ver.reset()  # the run starts on an empty buffer
         plain, *rest = (min(t) for t in times)  # other processes only ever add time: the minimum is the cost
         seconds = dict(zip(sizes, rest))
-        padded = padding(seconds) if verifier is None else {}
-        ratios = [max(1.0, seconds[padded.get(n, n)] / plain) for n in sizes]
+        if padded_as is not None:  # its padding, each size priced at what it runs as (linear between timed sizes)
+            padded = dict(map(tuple, padded_as.padded))
+            timed = cls(plain, list(sizes), [t / plain for t in rest])
+            ratios = [max(1.0, timed.c(padded.get(n, n))) for n in sizes]
+        else:
+            padded = padding(seconds) if verifier is None else {}
+            ratios = [max(1.0, seconds[padded.get(n, n)] / plain) for n in sizes]
         # a longer tree never costs less: keep the curve monotone against timing noise
         for i in range(1, len(ratios)):
             ratios[i] = max(ratios[i], ratios[i - 1])
@@ -157,26 +173,52 @@ class CostProfile:
                 bucket //= 2
             if bucket + max(sizes) + 2 > verifier.kv.capacity:
                 verifier, forward, sizes = None, "eager", PROFILE_SIZES  # no room to time trees: the eager curve
-        key = f"{machine_key(model.device)}|{model_key(model)}|ctx{bucket}{head_layout_key(model)}" + \
-            ("|padded" if forward == "eager" else f"|{forward}|n{max(sizes)}")
-        file = cache_root() / "cost" / (hashlib.sha256(key.encode()).hexdigest()[:20] + ".json")
-        if cache and file.exists() and not refresh:
-            try:
-                prof = cls(**json.loads(file.read_text()))
-                if time.time() - prof.measured_at < PROFILE_TTL_S:
-                    return prof
-            except (ValueError, TypeError):
-                pass  # a damaged file: measure again
+        key = cls._key(model, bucket, forward, sizes)
+        file = _file(key)
+        if cache and not refresh:
+            prof = _saved(file)
+            if prof is not None:
+                return prof
+        # an eager curve at a new bucket takes the padding of the model's nearest measured one (module docstring)
+        nearest = None if forward != "eager" or refresh or not cache else min(
+            (p for p in map(_saved, (_file(cls._key(model, b, forward, sizes)) for b in _other_buckets(bucket)))
+             if p is not None), key=lambda p: abs(p.context.bit_length() - bucket.bit_length()), default=None)
         t0 = time.perf_counter()
-        prof = cls.measure(model, bucket, sizes, verifier=verifier)
+        prof = cls.measure(model, bucket, sizes, verifier=verifier, padded_as=nearest,
+                           reps=REPS if nearest is None else REPS_AT_NEXT)
         prof.key, prof.measured_at = key, time.time()
         # the one time a call pays for it: said, so that a first call's time is not read as decoding speed
         logging.getLogger("draftkit").warning(
-            "draftkit: measured this model's verify cost curve (%s forward) at context %d once (%.1f s)%s",
-            forward, bucket, time.perf_counter() - t0, f"; saved under {file.parent} for later calls" if cache else "")
+            "draftkit: measured this model's verify cost curve (%s forward) at context %d once (%.1f s%s)%s",
+            forward, bucket, time.perf_counter() - t0, "" if nearest is None else
+            f"; the padding measured at context {nearest.context}", f"; saved under {file.parent} for later calls"
+            if cache else "")
         if cache:
             write_text_atomically(file, json.dumps(asdict(prof)))
         return prof
+
+    @staticmethod
+    def _key(model, bucket: int, forward: str, sizes) -> str:
+        return f"{machine_key(model.device)}|{model_key(model)}|ctx{bucket}{head_layout_key(model)}" + \
+            ("|padded" if forward == "eager" else f"|{forward}|n{max(sizes)}")
+
+
+def _file(key: str):
+    return cache_root() / "cost" / (hashlib.sha256(key.encode()).hexdigest()[:20] + ".json")
+
+
+def _saved(file) -> CostProfile | None:
+    """The profile saved in `file` if there is one and it is younger than PROFILE_TTL_S."""
+    try:
+        prof = CostProfile(**json.loads(file.read_text()))
+    except (OSError, ValueError, TypeError):  # none, or a damaged file: measure again
+        return None
+    return prof if time.time() - prof.measured_at < PROFILE_TTL_S else None
+
+
+def _other_buckets(bucket: int, most: int = 1 << 20) -> list[int]:
+    """The context buckets other than `bucket` (128, 256, ..., up to `most`)."""
+    return [b for b in (1 << i for i in range(7, most.bit_length())) if b != bucket]
 
 
 def padding(seconds: dict[int, float]) -> dict[int, int]:
