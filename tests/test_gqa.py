@@ -60,10 +60,24 @@ def test_the_switch_is_put_back(monkeypatch):
     assert os.environ[gqa.FLAG] == "0"
 
 
-def test_only_sdpa_on_the_cpu_is_grouped(monkeypatch):
+def test_only_a_model_on_the_cpu_is_grouped(monkeypatch):
     monkeypatch.delenv(gqa.FLAG, raising=False)
-    model = tiny_model("llama")
-    model.config._attn_implementation = "eager"
+    model = tiny_model("llama").to("meta")  # off the CPU: a GPU's masked grouped call would run the math kernel
     with gqa.grouped_attention(model):
         assert gqa.FLAG not in os.environ
-    assert not gqa.groups_on_cpu(model)
+    assert not gqa.groups_on_cpu(model) and gqa.groups_on_cpu(tiny_model("llama"))
+
+
+def test_a_draft_forward_groups_the_heads_too(monkeypatch):
+    """A draft model's forward (verify/tree.py run_model, the one draft path): an EAGLE draft whose layer has the
+    target's grouped heads copies no key/value head under its tree mask."""
+    import draftkit as dk
+    from draftkit.drafters.eagle import EagleDraftModel, EagleDrafter
+
+    target = tiny_model("llama")
+    copies = []
+    real = sdpa_attention.repeat_kv
+    monkeypatch.setattr(sdpa_attention, "repeat_kv", lambda h, n: copies.append(n) or real(h, n))
+    drafter = EagleDrafter(target, EagleDraftModel.from_target(target, init_from_target=True), max_depth=3, top_k=2)
+    out = dk.generate(target, torch.arange(1, 30) % 60, drafter, 12, eos_token_id=[])
+    assert out.stats.new_tokens == 12 and not copies

@@ -10,7 +10,8 @@ layer at context 1024, 2 query rows: 371 us copied, 169 us grouped; at context 4
 numbers to the last bit (verify/cost_profile.py's curve shows the step).
 
 transformers reads `TRANSFORMERS_SDPA_FORCE_GQA` on every attention call; `grouped_attention` sets it for the
-duration of one forward on the CPU only, and puts back what was there.
+duration of one forward on the CPU only (a verify forward, verify/forward.py, and a draft model's, verify/tree.py
+`run_model`: an EAGLE layer of SmolLM2's shape has its grouped heads), and puts back what was there.
 """
 from __future__ import annotations
 
@@ -24,9 +25,10 @@ _TORCH_GROUPS = tuple(int(p) for p in torch.__version__.split("+")[0].split(".")
 
 
 def groups_on_cpu(model) -> bool:
-    """Whether `model` attends with SDPA on the CPU, where a masked grouped call is as fast as an unmasked one."""
-    config = model.config
-    return _TORCH_GROUPS and model.device.type == "cpu" and getattr(config, "_attn_implementation", None) == "sdpa"
+    """Whether `model` (a target or a draft module) runs on the CPU, where a masked grouped SDPA call is as fast as
+    an unmasked one (the switch reaches only SDPA attention; eager attention reads no such thing)."""
+    weight = next(model.parameters(), None)
+    return _TORCH_GROUPS and weight is not None and weight.device.type == "cpu"
 
 
 @contextmanager
