@@ -177,3 +177,26 @@ def test_the_loop_runs_on_every_available_device(device):
     batch = dk.generate_batch(target, [prompt, prompt[:2]], lambda: LookaheadDrafter(), max_new_tokens=8,
                               eos_token_id=[], sampling=Sampling(temperature=0.9), seed=1)
     assert [o.tokens.numel() for o in batch] == [8, 8]
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+def test_the_first_masks_checks_run_before_any_step_is_timed(batch, monkeypatch):
+    """The tree-attention probe (and the layout read) of a model's first hand-built mask run before a drafting
+    run's first timed step: inside it they read as verify time, and the controller priced drafting at 4.4 times
+    its cost for the rest of the call (SmolLM2)."""
+    import time
+
+    from draftkit.verify import forward, tree_probe
+
+    real = tree_probe.probe_tree_attention
+
+    def slow_probe(model):
+        time.sleep(1.5)  # a batch step's verify time is shared out among its 3 lanes
+        return real(model)
+
+    monkeypatch.setattr(forward, "probe_tree_attention", slow_probe)
+    target = tiny_model("llama")
+    outs = dk.generate_batch(target, prompts_of((5, 9, 7))[:batch], lambda: LookaheadDrafter(max_depth=4, max_nodes=8),
+                             max_new_tokens=16, eos_token_id=[])
+    steps = [s for o in outs for s in o.stats.steps]
+    assert any(s.drafted for s in steps) and max(s.verify_s for s in steps) < 0.4

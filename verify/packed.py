@@ -214,6 +214,8 @@ def generate_packed(model, prompts, drafters, max_new_tokens: int = 64, sampling
         ver = Verifier(model, capacity=max(p.numel() for p in prompts) + max_new_tokens + widest + 2, lanes=n)
     for p in prompts:
         check_room(ver, p.numel(), max_new_tokens)
+    if widest:  # a drafting run: the checks of its first hand-built mask happen before anything is timed
+        ver.check_masks_early()
     for pol in policies:  # a cost-aware policy prices steps on this run's forward path (verify/cost_profile.py)
         if hasattr(pol, "price_on"):
             pol.price_on(ver)
