@@ -207,6 +207,26 @@ def test_a_profile_off_by_a_factor_is_rescaled_and_never_measured_again_mid_run(
     assert calls == [False]  # measured once, when the policy first saw this context
 
 
+def test_one_slow_step_moves_the_scale_by_a_bounded_factor():
+    """A sequence's first drafted step that took 4.4 times the curve (a first forward's one-off work) priced every
+    later step so: one step now moves the scale by at most SCALE_STEP, and a machine that really is that much
+    slower is followed within a few steps."""
+    from draftkit.verify.controller import SCALE_STEP
+
+    profile = flat(0.05, plain_s=0.01)
+    policy = AutoBudget(None, Budget(4, 4), profile=profile, cache_profile=False)
+    step = lambda extra: StepStats(4, 4, 2, 3, 0.001, extra * profile.plain_s * profile.c(4))  # noqa: E731
+    policy.observe(step(4.4), 100)
+    assert policy.scale == pytest.approx(SCALE_STEP)
+    for _ in range(3):
+        policy.observe(step(1.0), 100)
+    assert policy.scale < 1.6
+    slower = AutoBudget(None, Budget(4, 4), profile=profile, cache_profile=False)
+    for _ in range(12):
+        slower.observe(step(4.0), 100)
+    assert slower.scale == pytest.approx(4.0, rel=0.1)
+
+
 def test_plan_never_makes_a_bigger_tree_cheaper_to_verify():
     policy = AutoBudget(None, Budget(4, 8), profile=flat(0.1), cache_profile=False)
     policy.correction = {2: 1.5, 4: 0.6}  # noisy per-size corrections: 4 nodes "cheaper" than 2

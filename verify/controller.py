@@ -88,6 +88,7 @@ DRAFT_MARGIN = 0.03  # drafting must beat a plain step by 3% in the model: the b
 # The batch planner (verify/batch_plan.py) holds its plans to the same margin over all-plain
 REALIZED_KEEP = 0.95  # memory of each shape's realized rate: about 20 drafted steps
 CARRY = 4.0  # observations' worth of acceptance evidence per level a new sequence starts from (module docstring)
+SCALE_STEP = 2.0  # one step's measured verify time moves the curve's scale by at most this factor (observe)
 
 
 # ----------------------------------------------------------------------------- controller
@@ -303,8 +304,13 @@ class AutoBudget:
             self._explore()
         elif expected:  # nothing measured yet: the next steady step measures it
             cost.observe(step.depth, min(step.draft_s, expected))
-        # the measured verify time rescales the whole curve, and refines it near this size
+        # the measured verify time rescales the whole curve, and refines it near this size. One step moves it at
+        # most a factor SCALE_STEP, so that a one-off (a first forward's allocations, a page fault, another
+        # process's burst) cannot set the price of every later step; a machine that really got slower or faster
+        # is followed within a few steps
+        known = self.scale or 1.0
         ratio = step.verify_s / (self.profile.plain_s * self.profile.c(step.drafted))
+        ratio = min(max(ratio, known / SCALE_STEP), known * SCALE_STEP)
         self.scale = ratio if self.scale is None else 0.8 * self.scale + 0.2 * ratio
         bucket = self._bucket(step.drafted)
         old = self.correction.get(bucket)
