@@ -180,9 +180,7 @@ class CostProfile:
             if prof is not None:
                 return prof
         # an eager curve at a new bucket takes the padding of the model's nearest measured one (module docstring)
-        nearest = None if forward != "eager" or refresh or not cache else min(
-            (p for p in map(_saved, (_file(cls._key(model, b, forward, sizes)) for b in _other_buckets(bucket)))
-             if p is not None), key=lambda p: abs(p.context.bit_length() - bucket.bit_length()), default=None)
+        nearest = cls._nearest_saved(model, bucket) if forward == "eager" and cache and not refresh else None
         t0 = time.perf_counter()
         prof = cls.measure(model, bucket, sizes, verifier=verifier, padded_as=nearest,
                            reps=REPS if nearest is None else REPS_AT_NEXT)
@@ -196,6 +194,13 @@ class CostProfile:
         if cache:
             write_text_atomically(file, json.dumps(asdict(prof)))
         return prof
+
+    @classmethod
+    def _nearest_saved(cls, model, bucket: int) -> "CostProfile | None":
+        """The model's saved eager profile at the context bucket nearest `bucket` (another one), if any."""
+        saved = [p for p in (_saved(_file(cls._key(model, b, "eager", PROFILE_SIZES))) for b in _other_buckets(bucket))
+                 if p is not None]
+        return min(saved, key=lambda p: abs(p.context.bit_length() - bucket.bit_length()), default=None)
 
     @staticmethod
     def _key(model, bucket: int, forward: str, sizes) -> str:
