@@ -318,3 +318,26 @@ def test_compile_gives_every_drafter_the_longest_prompt_before_anything_is_timed
                             types.SimpleNamespace(write=lines.append))
     assert seen == [[4, 5, 6, 7, 8]] * 2
     assert any("the longest prompt" in line for line in lines)
+
+
+def test_a_shipped_draft_that_does_not_fit_the_loaded_target_is_left_out_of_all(capsys, tmp_path):
+    """`all` on a target whose shape could not be read before it loaded (a hub model not downloaded yet) meets the
+    shipped drafts' mismatch only when it builds them: each is left out in one line, not a FAILED row; named on
+    purpose it stays a FAILED row."""
+    from draftkit.models import resolve
+    from tests.models import tiny_model
+
+    from transformers import AutoTokenizer
+
+    target = tiny_model("llama", vocab=8192, hidden=64)
+    tokenizer = AutoTokenizer.from_pretrained(resolve(None, "target"))
+    args = cli.parse_args(["--target", str(tmp_path), "--no-peers"])
+    args.drafter_names, args.grammars = ["eagle", "suffix"], None  # what prepare() sets (it would read the target)
+    failed = []
+    methods = compare.build_methods(args, target, tokenizer, on_error=lambda name, msg, tb: failed.append(name))
+    assert [m.name for m in methods] == ["plain", "suffix"] and not failed
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("compare.py: left out eagle: "), err
+    args.drafters = "eagle,suffix"
+    methods = compare.build_methods(args, target, tokenizer, on_error=lambda name, msg, tb: failed.append(name))
+    assert [m.name for m in methods] == ["plain", "suffix"] and failed == ["eagle"]
