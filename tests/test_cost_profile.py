@@ -135,3 +135,25 @@ def test_the_timed_context_repeats_a_short_prompts_entries():
             assert torch.equal(held[0, :, 5:13], held[0, :, [i % 5 for i in range(5, 13)]])
     logits, _ = ver.forward(torch.tensor([7]), DraftTree.chain([3, 4]).validate())  # a step on top runs
     assert logits.shape == (3, 64)
+
+
+def test_a_model_of_learned_positions_is_timed_within_them(tmp_path, monkeypatch):
+    """GPT-2's positions end at n_positions: a 300-token prompt falls in the 512 bucket of a 512-position model, and
+    timing trees on top of 512 entries indexed past its position table (the first drafted call died). The trees
+    are timed on a context that leaves them room; the profile keeps its bucket."""
+    import torch
+
+    import draftkit as dk
+    from draftkit.verify.cost_profile import CostProfile
+    from tests.models import tiny_model
+
+    monkeypatch.setenv("DRAFTKIT_CACHE", str(tmp_path))
+    model = tiny_model("gpt2", max_len=512)
+    prof = CostProfile.for_model(model, 300)
+    assert prof.context == 512 and prof.sizes[-1] == 64
+    prompt = torch.arange(1, 301) % 60
+    plain = dk.generate(model, prompt, None, 24, eos_token_id=[]).tokens
+    assert torch.equal(dk.generate(model, prompt, dk.make_drafter("lookahead", model), 24, eos_token_id=[]).tokens,
+                       plain)
+    tiny = tiny_model("gpt2", max_len=40)  # fewer positions than the largest tree: the sizes that fit
+    assert CostProfile.measure(tiny, 128, reps=1).sizes[-1] == 32

@@ -105,22 +105,29 @@ class CostProfile:
         static verifier to measure on (its path; emptied again after), else a fresh eager one. padded_as: an eager
         profile of the same model at another context, whose padding this one takes (only `sizes` are timed)."""
         from draftkit.verify.contract import DraftTree
-        from draftkit.verify.forward import Verifier
+        from draftkit.verify.forward import Verifier, context_limit
         from draftkit.verify.tree_probe import probe_tree_attention
         from draftkit.verify.timing import clock_for
 
         if verifier is None and padded_as is None:  # eager: every size a step may be padded from or to
             sizes = tuple(sorted(set(sizes) | set(range(1, PADDED_REACH + 1))))
-        need = context + max(sizes) + 2
+        # a model of learned positions (GPT-2, OPT) has none past its context: the trees are timed on a context
+        # short enough for them (a bucket is keyed by its size; its last entries cost what the ones before do).
+        # Timed past it, a 300-token prompt to a 512-position GPT-2 died in its first drafted call
+        limit = context_limit(model)
+        if limit:
+            sizes = tuple(n for n in sizes if n + 3 <= limit) or (1,)
+        timed = context if not limit else max(1, min(context, limit - max(sizes) - 2))
+        need = timed + max(sizes) + 2
         ver = verifier if verifier is not None else Verifier(model, capacity=need)
         if ver.kv.capacity < need:
             raise ValueError(f"a {ver.kv.capacity}-entry verifier cannot time trees at context {context}")
         vocab = ver.vocab_size
-        ids = torch.randint(0, vocab, (context,), generator=torch.Generator().manual_seed(0)).to(model.device)
-        seed = min(context, PROMPT_SEED)  # a prompt's forward, the rest of the context its entries repeated
+        ids = torch.randint(0, vocab, (timed,), generator=torch.Generator().manual_seed(0)).to(model.device)
+        seed = min(timed, PROMPT_SEED)  # a prompt's forward, the rest of the context its entries repeated
         ver.forward(ids[:seed], DraftTree.empty(model.device).validate())
         ver.commit(seed, [])
-        ver.kv.tile(context)
+        ver.kv.tile(timed)
         root = ids[-1:]
 
         trees = [DraftTree.empty(model.device).validate()]
