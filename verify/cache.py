@@ -302,10 +302,10 @@ class KVBuffer(Cache):
         self.reserve(length)
         for row, n in enumerate(self.lengths):
             if 0 < n < length:
-                take = torch.arange(n, length) % n
                 for layer in self.layers:
-                    layer.keys[row, :, n:length] = layer.keys[row, :, take.to(layer.keys.device)]
-                    layer.values[row, :, n:length] = layer.values[row, :, take.to(layer.values.device)]
+                    take = torch.arange(n, length, device=layer.keys.device) % n
+                    layer.keys[row, :, n:length] = layer.keys[row, :, take]
+                    layer.values[row, :, n:length] = layer.values[row, :, take]
                 self.lengths[row] = length
 
     def nbytes(self) -> int:

@@ -151,8 +151,8 @@ class CostProfile:
         seconds = dict(zip(sizes, rest))
         if padded_as is not None:  # its padding, each size priced at what it runs as (linear between timed sizes)
             padded = dict(map(tuple, padded_as.padded))
-            timed = cls(plain, list(sizes), [t / plain for t in rest])
-            ratios = [max(1.0, timed.c(padded.get(n, n))) for n in sizes]
+            as_timed = cls(plain, list(sizes), [t / plain for t in rest])
+            ratios = [max(1.0, as_timed.c(padded.get(n, n))) for n in sizes]
         else:
             padded = padding(seconds) if verifier is None else {}
             ratios = [max(1.0, seconds[padded.get(n, n)] / plain) for n in sizes]
@@ -229,8 +229,9 @@ def _saved(file) -> CostProfile | None:
 
 
 def _other_buckets(bucket: int, most: int = 1 << 20) -> list[int]:
-    """The context buckets other than `bucket` (128, 256, ..., up to `most`)."""
-    return [b for b in (1 << i for i in range(7, most.bit_length())) if b != bucket]
+    """The context buckets other than `bucket` (context_bucket's: 128, 256, ..., up to `most`)."""
+    first = context_bucket(1).bit_length() - 1
+    return [b for b in (1 << i for i in range(first, most.bit_length())) if b != bucket]
 
 
 def padding(seconds: dict[int, float]) -> dict[int, int]:

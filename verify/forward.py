@@ -46,8 +46,7 @@ from draftkit.verify.cache import KVBuffer
 from draftkit.verify.compiled import bucket, call_compiled, graph_outputs
 from draftkit.verify.layer_tap import LayerTap
 from draftkit.verify.contract import DraftTree
-from draftkit.verify.gqa import grouped_attention
-from draftkit.verify.head import rows_first_head
+from draftkit.verify.gqa import cpu_kernels
 from draftkit.verify.step import SHARED, Piece, StepInputs
 from draftkit.verify.tree import MaskBuffer
 from draftkit.verify.tree_probe import TreeAttentionUnsupported, probe_tree_attention
@@ -244,10 +243,8 @@ class Verifier:
         if tap is not None:  # eager: hooks keep the layers asked for; the model returns no hidden states
             inputs["output_hidden_states"] = False
         try:
-            eager = forward is self.model
-            head = rows_first_head(self.model) if eager else nullcontext()  # verify/head.py
-            grouped = grouped_attention(self.model) if eager else nullcontext()  # verify/gqa.py
-            with tap.capture(hidden_layers) if tap is not None else nullcontext({}) as tapped, head, grouped:
+            kernels = cpu_kernels(self.model) if forward is self.model else nullcontext()  # verify/gqa.py
+            with tap.capture(hidden_layers) if tap is not None else nullcontext({}) as tapped, kernels:
                 out = forward(cache=self.kv, use_cache=True, **inputs)
         finally:
             self.kv.end_forward()

@@ -10,8 +10,9 @@ layer at context 1024, 2 query rows: 371 us copied, 169 us grouped; at context 4
 numbers to the last bit (verify/cost_profile.py's curve shows the step).
 
 transformers reads `TRANSFORMERS_SDPA_FORCE_GQA` on every attention call; `grouped_attention` sets it for the
-duration of one forward on the CPU only (a verify forward, verify/forward.py, and a draft model's, verify/tree.py
-`run_model`: an EAGLE layer of SmolLM2's shape has its grouped heads), and puts back what was there.
+duration of one forward on the CPU only, and puts back what was there; `cpu_kernels` is what every eager forward
+enters (a verify forward, verify/forward.py, and a draft model's, verify/tree.py `run_model`: an EAGLE layer of
+SmolLM2's shape has its grouped heads), this and the LM head's layout together.
 """
 from __future__ import annotations
 
@@ -19,6 +20,8 @@ import os
 from contextlib import contextmanager
 
 import torch
+
+from draftkit.verify.head import rows_first_head
 
 FLAG = "TRANSFORMERS_SDPA_FORCE_GQA"
 _TORCH_GROUPS = tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2]) >= (2, 5)  # enable_gqa
@@ -29,6 +32,14 @@ def groups_on_cpu(model) -> bool:
     an unmasked one (the switch reaches only SDPA attention; eager attention reads no such thing)."""
     weight = next(model.parameters(), None)
     return _TORCH_GROUPS and weight is not None and weight.device.type == "cpu"
+
+
+@contextmanager
+def cpu_kernels(model):
+    """For one eager forward of `model` (the verifier's, a draft model's): the layouts measured or known faster on
+    a CPU, the LM head by rows (verify/head.py) and grouped attention under a mask; nothing off the CPU."""
+    with rows_first_head(model), grouped_attention(model):
+        yield
 
 
 @contextmanager

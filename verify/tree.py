@@ -28,8 +28,7 @@ from draftkit.verify.cache import KVBuffer
 from draftkit.verify import compiled as compiled_module
 from draftkit.verify.compiled import bucket, call_compiled
 from draftkit.verify.contract import DraftTree
-from draftkit.verify.gqa import grouped_attention
-from draftkit.verify.head import rows_first_head
+from draftkit.verify.gqa import cpu_kernels
 
 
 def verify_block(tree: DraftTree, prefix_len: int) -> torch.Tensor:
@@ -175,7 +174,7 @@ def run_model(model, kv: KVBuffer, masks: MaskBuffer | None, block: torch.Tensor
         inputs["position_ids"] = positions(kv.lengths, offsets)
         inputs["attention_mask"] = per_layer_type(model, full, inputs["position_ids"], kv.lengths, block.shape[-1])
     try:
-        with rows_first_head(model), grouped_attention(model):  # verify/head.py, verify/gqa.py
+        with cpu_kernels(model):  # verify/gqa.py
             return model(cache=kv, use_cache=True, **inputs)
     finally:
         kv.end_forward()
@@ -226,7 +225,7 @@ def _run_static(model, kv: KVBuffer, masks: MaskBuffer, block: torch.Tensor | No
         else:
             if keep is not None:
                 inputs["logits_to_keep"] = keep
-            with rows_first_head(model), grouped_attention(model):
+            with cpu_kernels(model):
                 out = model(cache=kv, use_cache=True, **inputs)
     finally:
         kv.end_forward()
