@@ -9,6 +9,7 @@ This module only wires names to classes; the work happens in drafters/ and verif
 """
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass
 
@@ -21,7 +22,8 @@ if os.path.isfile(os.path.join(_CHECKOUT, "verify", "contract.py")) and _CHECKOU
 
 from draftkit.verify.contract import Budget, DecodeState, Drafter, DraftTree, NoDrafter, StepResult
 from draftkit.verify.accept import Sampling
-from draftkit.verify.decode import GenerationOutput, generate
+from draftkit.verify.decode import GenerationOutput
+from draftkit.verify.decode import generate as _generate
 from draftkit.verify.grammar import Grammar, GrammarError
 
 from draftkit.zoo import ZooError
@@ -43,6 +45,18 @@ def make_drafter(method: str, target, path: str | None = None, tokenizer=None, *
     if method in ("none", "plain"):
         return NoDrafter()
     return build(method, target, path, tokenizer, **flags)
+
+
+@functools.wraps(_generate)
+def generate(target, input_ids, drafter=None, *args, **kwargs) -> GenerationOutput:
+    if isinstance(drafter, str):  # a method's name, as generate_batch takes it: its shipped draft
+        drafter = make_drafter(drafter, target)
+    return _generate(target, input_ids, drafter, *args, **kwargs)
+
+
+generate.__doc__ = _generate.__doc__ + """
+    drafter: a Drafter, a method's name (`DRAFTERS`: built with its shipped draft, learning nothing across calls;
+    build it once with `make_drafter` to keep what its controller learns), or None (plain decoding)."""
 
 
 def lane_drafters(method: str, target, n: int, path: str | None = None, tokenizer=None, **flags) -> list[Drafter]:

@@ -272,6 +272,9 @@ def test_a_processor_of_ones_own_opts_in():
                    logits_processor=[BanFive()], eos_token_id=[])
     assert 5 not in out.tokens.tolist()
     assert out.tokens.tolist() == hf_generate(target, prompt, 20, [BanFive()], None)
+    alone = generate(target, prompt, drafter=StandaloneDrafter(target, max_depth=3), max_new_tokens=20,
+                     logits_processor=BanFive(), eos_token_id=[])  # one processor, not in a list
+    assert alone.tokens.tolist() == out.tokens.tolist()
 
 
 def test_a_batch_under_a_grammar_equals_each_row_alone(models):

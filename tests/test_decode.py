@@ -157,6 +157,18 @@ def test_bad_input_gives_clear_errors():
     for method, flags in (("lookahead", {"max_nodes": 0}), ("suffix", {"max_depth": 0})):
         with pytest.raises(ValueError, match="max_depth and max_nodes must be >= 1"):
             dk.make_drafter(method, target, **flags)
+    with pytest.raises(TypeError, match="drafter 0 is a str, not a drafter: build one with draftkit.make_drafter"):
+        generate(target, torch.tensor([1, 2]), "lookahead")  # verify/'s loop takes drafters, not names
+
+
+def test_the_top_level_generate_takes_a_method_name_as_generate_batch_does():
+    target = tiny_model("llama", max_len=64)
+    prompt = torch.tensor([1, 2, 3, 1, 2])
+    plain = generate(target, prompt, max_new_tokens=12, eos_token_id=[]).tokens.tolist()
+    out = dk.generate(target, prompt, "lookahead", max_new_tokens=12, eos_token_id=[])
+    assert out.tokens.tolist() == plain and out.stats.steps  # decoded through a lookahead drafter built by name
+    with pytest.raises(ValueError, match="unknown drafter 'lookahed'"):
+        dk.generate(target, prompt, "lookahed")
 
 
 def test_vocabulary_mismatch_names_both_models():

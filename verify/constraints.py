@@ -57,6 +57,8 @@ def check_processors(processors) -> list:
     """The processors as a list, or a ValueError (one line) naming the first one that cannot run per node."""
     if processors is None:
         return []
+    if callable(processors) and not isinstance(processors, (list, tuple)):  # one processor, not in a list
+        processors = [processors]
     processors = list(processors)
     for proc in processors:
         if not callable(proc):

@@ -202,6 +202,10 @@ def generate_packed(model, prompts, drafters, max_new_tokens: int = 64, sampling
         prompts = prompts[:1] * n
     elif len(prompts) != n:
         raise ValueError(f"got {len(prompts)} prompts for {n} drafters")
+    for i, d in enumerate(drafters):  # a method's name, say, passed where a drafter goes: one line, before any forward
+        if not all(callable(getattr(d, call, None)) for call in ("reset", "propose", "update")):
+            raise TypeError(f"drafter {i} is a {type(d).__name__}, not a drafter: build one with "
+                            f"draftkit.make_drafter(name, target)")
     policies = [make_policy(budget, d, model) for d in drafters]
     widest = max(p.cap.max_nodes for p in policies)
     deepest = max(p.cap.max_depth for p in policies)
