@@ -78,6 +78,11 @@ class ParallelSettings(ModelDraftSettings):
 
 
 @dataclass
+class PEagleSettings(CompilableDraftSettings, ParallelSettings):
+    """P-EAGLE's one draft forward a step runs through the shared draft path, so it compiles as EAGLE's do."""
+
+
+@dataclass
 class MedusaSettings(BudgetSettings):
     pass
 
@@ -199,7 +204,7 @@ def _shipped_or_given(target, path, default: str, hint: str) -> str:
     return resolve(path, default)
 
 
-def _peagle(target, path, tokenizer, s: ParallelSettings):
+def _peagle(target, path, tokenizer, s: PEagleSettings):
     from draftkit.drafters.peagle import PEagleDrafter
 
     return PEagleDrafter.from_pretrained(_shipped_or_given(target, path, "peagle", REGISTRY["peagle"].train_hint), target,
@@ -293,7 +298,7 @@ REGISTRY: dict[str, Entry] = {
     "eagle3": Entry(EagleSettings, _eagle_from("eagle3"), "eagle3",
                     "EAGLE-3 draft (fused low / middle / high target features): EAGLE-2 dynamic tree"),
     "lookahead": Entry(LookaheadSettings, _lookahead, None, "n-gram cache + Jacobi lookahead branch, no training"),
-    "peagle": Entry(ParallelSettings, _peagle, "peagle",
+    "peagle": Entry(PEagleSettings, _peagle, "peagle",
                     "P-EAGLE: EAGLE-3 with parallel drafting, every depth in one draft forward",
                     "train it with `python train/eagle.py --config recipes/eagle/peagle.yaml`"),
     "dflash": Entry(ParallelSettings, _dflash, "dflash",

@@ -11,6 +11,7 @@ from torch._dynamo.utils import counters
 import draftkit.verify.compiled as compiled
 from draftkit.drafters.eagle import EagleDrafter, EagleDraftModel
 from draftkit.drafters.eagle_reference import make_draft
+from draftkit.drafters.peagle import PEagleDrafter, make_peagle_draft
 from draftkit.drafters.standalone import StandaloneDrafter
 from draftkit.verify.packed import generate_packed
 from draftkit.verify.tree import COMPILED_ROWS
@@ -30,10 +31,12 @@ def build_models():
     torch.manual_seed(7)
     eagle3 = make_draft(target, [1, 2, 3], "reference", draft_ids=torch.arange(0, 64, 2))
     eagle3.config.attention_window = 8  # its mask narrowed per query: reads no length of the cache (one graph)
-    return target, EagleDraftModel.from_target(target), eagle3
+    torch.manual_seed(8)
+    peagle = make_peagle_draft(target, [1, 2, 3], mask_token_id=5, draft_ids=torch.arange(0, 64, 2))
+    return target, EagleDraftModel.from_target(target), eagle3, peagle
 
 
-def makers(target, eagle, eagle3):
+def makers(target, eagle, eagle3, peagle):
     """Drafters that accept much (the target as its own draft) and ones that accept little (random EAGLE drafts:
     EAGLE-2's layout; EAGLE-3's reference layout, three fused target layers, a reduced vocabulary, a window)."""
     return {
@@ -41,25 +44,32 @@ def makers(target, eagle, eagle3):
         "self-tree": lambda c: StandaloneDrafter(target, max_depth=3, top_k=2, max_nodes=6, compile_draft=c),
         "eagle-tree": lambda c: EagleDrafter(target, eagle, max_depth=3, top_k=3, max_nodes=8, compile_draft=c),
         "eagle3-tree": lambda c: EagleDrafter(target, eagle3, max_depth=3, top_k=2, max_nodes=6, compile_draft=c),
+        "peagle-tree": lambda c: PEagleDrafter(target, peagle, max_depth=4, top_k=2, max_nodes=8, compile_draft=c),
     }
 
 
 def run(target, prompts, make, compile_draft: bool):
     """Each lane's tokens and every tree its drafter proposed (the lanes' group records them)."""
+    from draftkit.drafters.eagle_lanes import PEagleLanes
     from draftkit.drafters.lanes import DraftLanes
 
-    trees, propose = [], DraftLanes.propose
+    trees, groups = [], (DraftLanes, PEagleLanes)  # P-EAGLE's lanes propose in one forward, a method of their own
+    proposes = {g: g.propose for g in groups}
 
-    def recorded(self, states):
-        out = propose(self, states)
-        trees.append([None if t is None else (t.tokens.tolist(), t.host_parents) for t in out])
-        return out
-    DraftLanes.propose = recorded
+    def recording(propose):
+        def recorded(self, states):
+            out = propose(self, states)
+            trees.append([None if t is None else (t.tokens.tolist(), t.host_parents) for t in out])
+            return out
+        return recorded
+    for g in groups:
+        g.propose = recording(proposes[g])
     try:
         out = generate_packed(target, prompts, [make(compile_draft) for _ in prompts], 24, eos_token_id=[],
                               budget="fixed", logprobs=False)
     finally:
-        DraftLanes.propose = propose
+        for g in groups:
+            g.propose = proposes[g]
     return [o.tokens.tolist() for o in out.outputs], trees
 
 
@@ -69,7 +79,7 @@ def eager_graphs(monkeypatch):
     monkeypatch.setattr(compiled, "compiled_forward", lambda m: m.__call__)
 
 
-@pytest.mark.parametrize("kind", ["self-chain", "self-tree", "eagle-tree", "eagle3-tree"])
+@pytest.mark.parametrize("kind", ["self-chain", "self-tree", "eagle-tree", "eagle3-tree", "peagle-tree"])
 def test_static_draft_forwards_propose_what_eager_ones_do(models, kind, eager_graphs):
     """Padded to buckets on a fixed-size buffer, the lanes' draft forwards propose the trees the eager ones do, at
     every step, one sequence and a ragged batch; the output is plain decoding's either way."""
@@ -119,7 +129,7 @@ def test_draft_graph_outputs_are_copies_a_later_replay_cannot_rewrite(models, mo
     from draftkit.verify.cache import KVBuffer
     from draftkit.verify.tree import MaskBuffer, run_model
 
-    target, eagle, _ = models
+    target, eagle = models[:2]
     marks = []
     monkeypatch.setattr(torch.compiler, "cudagraph_mark_step_begin", lambda: marks.append(1))
     monkeypatch.setattr(compiled, "compiled_forward", graph_replays_any)
@@ -166,7 +176,7 @@ def test_compiled_drafts_never_recompile_after_the_warm_up():
     fast tests' stand-in marks graphs as compiled on the models it ran."""
     models = build_models()
     target = models[0]
-    for kind in ("self-chain", "eagle3-tree"):
+    for kind in ("self-chain", "eagle3-tree", "peagle-tree"):
         make = makers(*models)[kind]
         prompts = prompts_of((12,))
         eager = run(target, prompts, make, False)
