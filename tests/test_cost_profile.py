@@ -87,7 +87,7 @@ def test_processes_saving_one_profile_at_once_never_collide(tmp_path):
 def test_a_later_context_is_measured_at_the_coarse_sizes_with_the_nearest_padding(tmp_path, monkeypatch, caplog):
     """The first eager curve of a model is dense (every size up to PADDED_REACH, its padding found there); at another
     context bucket only PROFILE_SIZES are timed, fewer times, and the nearest bucket's padding is taken, each size
-    priced at what it runs as. A benchmark's refresh measures the dense curve again."""
+    priced at what it runs as. A benchmark's refresh measures the dense curve again, REPS times."""
     import logging
 
     from draftkit.verify import cost_profile as cp
@@ -105,7 +105,7 @@ def test_a_later_context_is_measured_at_the_coarse_sizes_with_the_nearest_paddin
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="draftkit"):
         later = cp.CostProfile.for_model(model, 200)
-    assert calls == [(128, cp.REPS), (256, cp.REPS_AT_NEXT)]
+    assert calls == [(128, cp.REPS_FIRST), (256, cp.REPS_AT_NEXT)]  # inside a user's call: fewer timings
     assert "at context 256" in caplog.records[0].getMessage() and "padding measured at context 128" in \
         caplog.records[0].getMessage()
     assert later.context == 256 and later.sizes == list(cp.PROFILE_SIZES) and later.padded == first.padded

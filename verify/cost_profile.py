@@ -16,7 +16,9 @@ then never costs less, which the controller's model assumes.
 Which sizes pad is a matter of the BLAS's row counts, not of the context, so a model measured at one context bucket
 is measured at the next only at PROFILE_SIZES, fewer times (REPS_AT_NEXT), with the padding of its nearest
 measured bucket: SmolLM2-135M on 2 CPU cores at context 4096 took 40 s for the dense curve, inside the first call
-whose prompt passed 2,048 tokens. A benchmark's `refresh` measures the dense curve at every bucket."""
+whose prompt passed 2,048 tokens. A benchmark's `refresh` measures the dense curve at every bucket, each size
+REPS times; a model's first curve, inside a user's call, REPS_FIRST times (SmolLM2: 7-8.5 s against 11 s; the
+padding found differs as much between two refreshes as between the two)."""
 from __future__ import annotations
 
 import hashlib
@@ -37,7 +39,8 @@ PROFILE_TTL_S = 24 * 3600
 PADDED_REACH = 16  # the eager curve is measured at every size up to this many nodes: the sizes a step is padded to
 PAD_WIN = 0.95  # a size is padded to a larger one that measured at most this share of its time (a clear win)
 PROMPT_SEED = 128  # tokens of the timed context that run a forward (KVBuffer.tile repeats their entries)
-REPS, REPS_AT_NEXT = 5, 3  # timings per size: a model's first eager curve (dense), a later bucket's (coarse)
+REPS, REPS_FIRST, REPS_AT_NEXT = 5, 3, 3  # timings per size: a benchmark's refresh, a model's first (dense) curve
+# inside a user's call, a later bucket's (coarse)
 
 
 def machine_key(device=None) -> str:
@@ -190,7 +193,7 @@ class CostProfile:
         nearest = cls._nearest_saved(model, bucket) if forward == "eager" and cache and not refresh else None
         t0 = time.perf_counter()
         prof = cls.measure(model, bucket, sizes, verifier=verifier, padded_as=nearest,
-                           reps=REPS if nearest is None else REPS_AT_NEXT)
+                           reps=REPS if refresh else REPS_FIRST if nearest is None else REPS_AT_NEXT)
         prof.key, prof.measured_at = key, time.time()
         # the one time a call pays for it: said, so that a first call's time is not read as decoding speed
         logging.getLogger("draftkit").warning(
