@@ -45,7 +45,8 @@ from torch import nn
 from transformers import AutoConfig, AutoModel
 
 from draftkit.drafters.draft_dtype import draft_dtype as dtype_for, head_in, reads_of
-from draftkit.verify.contract import Budget, DecodeState, DraftMismatch, DraftTree, StepResult
+from draftkit.verify.contract import (Budget, DecodeState, DraftMismatch, DraftTree, StepResult,
+                                      lanes_forming)
 
 
 CONFIG_NAME = "config.json"
@@ -370,9 +371,15 @@ class EagleDrafter:
 
     def reset(self, prompt) -> None:
         # out of any batch's group; the cache holds committed pairs (committed tokens - 1)
-        self.alone.reset(2 * (prompt.numel() if prompt is not None else 0) + 256, warm=prompt is not None)
+        self.alone.reset(2 * (prompt.numel() if prompt is not None else 0) + 256,
+                         warm=prompt is not None and not lanes_forming())
         self.bank = None  # row 0: f^ at the root; row e + 1: output of the e-th node run this step
         self.todo = []  # (features (k, nH), next tokens (k,)) of kept positions the draft has not run yet
+
+    def warm(self) -> None:
+        """compile_draft: compile this drafter's own (one-lane) forwards now (contract.forming_lanes)."""
+        if self.alone.compile and self.group is self.alone:
+            self.alone.warm()
 
     def _logits(self, feats: torch.Tensor) -> torch.Tensor:
         """Target-vocabulary logits (reference EAGLE-3: the draft's own head, -inf outside its vocabulary)."""

@@ -187,6 +187,12 @@ class HybridDrafter:
                 m.wait, m.idle = self.probe_every, self.probe_every  # (suffix: idle on chat, then a summary)
         self._last_step = None  # the first step of a sequence says nothing about the rate
 
+    def warm(self) -> None:
+        """Its members compile what they draft with (contract.forming_lanes: a batch's hybrids form no group)."""
+        for m in self.members:
+            if hasattr(m.drafter, "warm"):
+                m.drafter.warm()
+
     def forget(self) -> None:
         """Members that remember past requests (suffix) forget them (a benchmark's new repeat). What the hybrid
         learned about its members (the calibration: how often each one's draws pass) stays, carried into each new

@@ -15,7 +15,8 @@ from draftkit.drafters.lanes import DraftLanes, compatible
 from draftkit.drafters.tree_search import kept_entries
 from draftkit.verify.accept import Sampling
 from draftkit.verify.cache import KVBuffer  # the same cache class the verifier uses
-from draftkit.verify.contract import Budget, DecodeState, DraftMismatch, DraftTree, StepResult
+from draftkit.verify.contract import (Budget, DecodeState, DraftMismatch, DraftTree, StepResult,
+                                      lanes_forming)
 from draftkit.verify.forward import context_limit
 from draftkit.verify.tree import run_model
 
@@ -85,7 +86,12 @@ class StandaloneDrafter:
         return StandaloneLanes(drafters) if compatible(drafters, "model") else None
 
     def reset(self, prompt: torch.Tensor) -> None:
-        self.alone.reset(2 * prompt.numel() + 256)  # out of any batch's group
+        self.alone.reset(2 * prompt.numel() + 256, warm=not lanes_forming())  # out of any batch's group
+
+    def warm(self) -> None:
+        """compile_draft: compile this drafter's own (one-lane) forwards now (contract.forming_lanes)."""
+        if self.alone.compile and self.group is self.alone:
+            self.alone.warm()
 
     def propose(self, state: DecodeState) -> DraftTree:
         return self.alone.propose([state])[0]

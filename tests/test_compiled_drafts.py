@@ -120,6 +120,36 @@ def test_lanes_warm_every_bucket_before_the_first_step(models, eager_graphs, cap
     assert len(said) == 1 and f"{group.cache.capacity}-entry" in said[0], said
 
 
+def test_a_batch_compiles_its_groups_graphs_and_no_lanes_own(eager_graphs, monkeypatch):
+    """In a batch, lanes that draft as one group compile the group's graphs only (each lane's one-lane graphs, for a
+    buffer of its own prompt's size, would go unused); lanes no group takes (a hybrid's members) compile theirs
+    before the first step, as a lone drafter does at its reset."""
+    from draftkit.drafters.hybrid import HybridDrafter
+    from draftkit.drafters.lanes import DraftLanes
+    from draftkit.drafters.suffix import SuffixDrafter
+    from draftkit.verify.contract import NoDrafter
+
+    model = tiny_model("llama", hidden=16, layers=1, seed=5)  # graphs are kept on the model: a model of its own
+    prompts = prompts_of((5, 12, 30))
+    alone = [generate_packed(model, [p], [NoDrafter()], 12, eos_token_id=[], logprobs=False).outputs[0].tokens.tolist()
+             for p in prompts]
+    lanes = [StandaloneDrafter(model, max_depth=3, compile_draft=True) for _ in prompts]
+    out = generate_packed(model, prompts, lanes, 12, eos_token_id=[], logprobs=False).outputs
+    assert [o.tokens.tolist() for o in out] == alone
+    assert {k[0] for k in compiled.compiled_keys(model)} == {3}  # the group's three lanes; no one-lane graph
+
+    events, warm, propose = [], DraftLanes.warm, DraftLanes.propose
+    monkeypatch.setattr(DraftLanes, "warm", lambda self: events.append("warm") or warm(self))
+    monkeypatch.setattr(DraftLanes, "propose", lambda self, st: events.append("propose") or propose(self, st))
+    hybrids = [HybridDrafter([("suffix", SuffixDrafter(use_global=False)),
+                              ("standalone", StandaloneDrafter(model, max_depth=3, compile_draft=True))], skip=False)
+               for _ in prompts]
+    out = generate_packed(model, prompts, hybrids, 12, eos_token_id=[], logprobs=False).outputs
+    assert [o.tokens.tolist() for o in out] == alone
+    assert events.index("propose") > len(prompts) - 1 and events[:len(prompts)] == ["warm"] * len(prompts)
+    assert 1 in {k[0] for k in compiled.compiled_keys(model)}  # the members' own graphs, compiled ahead
+
+
 @pytest.mark.parametrize("graphs", [True, False])
 @pytest.mark.parametrize("kind", ["draft module", "causal LM"])
 def test_draft_graph_outputs_are_copies_a_later_replay_cannot_rewrite(models, monkeypatch, graphs, kind):

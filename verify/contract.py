@@ -11,6 +11,8 @@ is a tree whose parents are [-1, 0, 1, ...].
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import numbers
 
 from dataclasses import dataclass, field
@@ -400,6 +402,8 @@ class Drafter(Protocol):
     def update(self, result: StepResult) -> None:
         """Learn what the target kept (roll back caches, store features, harvest n-grams)."""
 
+    # optional: warm() -> None, compile now what drafting alone will run (see `forming_lanes`)
+
 
 class DraftLanes(Protocol):
     """Optional, for the lanes of one batch: several drafters of one draft model proposing together.
@@ -413,6 +417,27 @@ class DraftLanes(Protocol):
 
     def propose(self, states: "list[DecodeState | None]") -> list[DraftTree]:
         """One tree per drafter of the group, in the group's order; a None state asks for no tree."""
+
+
+_FORMING_LANES = contextvars.ContextVar("draftkit_forming_lanes", default=False)
+
+
+@contextlib.contextmanager
+def forming_lanes(on: bool = True):
+    """The decoding loop resets a batch's drafters inside this. A drafter that compiles its own (one-lane) draft
+    forwards when given a prompt (compile_draft) leaves that to `warm()` in here: a lane that joins a group drafts
+    with the group's graphs, and each lane's one-lane graphs, compiled for a buffer of its own prompt's size, went
+    unused. The loop calls `warm()` on the drafters no group took, before any step is timed."""
+    token = _FORMING_LANES.set(on)
+    try:
+        yield
+    finally:
+        _FORMING_LANES.reset(token)
+
+
+def lanes_forming() -> bool:
+    """A batch's drafters are being reset (`forming_lanes`): compile nothing for one lane now."""
+    return _FORMING_LANES.get()
 
 
 def lane_groups(drafters: Sequence) -> list[tuple[list[int], DraftLanes]]:
