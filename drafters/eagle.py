@@ -377,9 +377,7 @@ class EagleDrafter:
         self.todo = []  # (features (k, nH), next tokens (k,)) of kept positions the draft has not run yet
 
     def warm(self) -> None:
-        """compile_draft: compile this drafter's own (one-lane) forwards now (contract.forming_lanes)."""
-        if self.alone.compile and self.group is self.alone:
-            self.alone.warm()
+        self.alone.warm_alone()  # contract.forming_lanes
 
     def _logits(self, feats: torch.Tensor) -> torch.Tensor:
         """Target-vocabulary logits (reference EAGLE-3: the draft's own head, -inf outside its vocabulary)."""

@@ -69,6 +69,12 @@ class DraftLanes:
         if self.compile and warm:
             self.warm()
 
+    def warm_alone(self) -> None:
+        """compile_draft: a group of one compiles its forwards now, unless its drafter has joined a batch's group
+        (contract.forming_lanes: a batch resets its drafters without compiling)."""
+        if self.compile and len(self.drafters) == 1 and self.drafters[0].group is self:
+            self.warm()
+
     @torch.no_grad()
     def warm(self) -> None:
         """compile_draft: compile, before any step is timed, every graph a step can meet here (each kind of input a

@@ -89,9 +89,7 @@ class StandaloneDrafter:
         self.alone.reset(2 * prompt.numel() + 256, warm=not lanes_forming())  # out of any batch's group
 
     def warm(self) -> None:
-        """compile_draft: compile this drafter's own (one-lane) forwards now (contract.forming_lanes)."""
-        if self.alone.compile and self.group is self.alone:
-            self.alone.warm()
+        self.alone.warm_alone()  # contract.forming_lanes
 
     def propose(self, state: DecodeState) -> DraftTree:
         return self.alone.propose([state])[0]
