@@ -26,7 +26,7 @@ from draftkit.verify.contract import DecodeState, DraftTree
 
 
 class DFlashLanes:
-    """DFlashDrafters of one draft and the same settings (contract.DraftLanes); built right after the drafters'
+    """DFlashDrafters of one draft and the same settings (verify/lanes.py DraftLanes); built right after the drafters'
     reset. Each drafter's `cache` becomes the group's (its row r)."""
 
     def __init__(self, drafters: list):

@@ -45,8 +45,8 @@ from torch import nn
 from transformers import AutoConfig, AutoModel
 
 from draftkit.drafters.draft_dtype import draft_dtype as dtype_for, head_in, reads_of
-from draftkit.verify.contract import (Budget, DecodeState, DraftMismatch, DraftTree, StepResult,
-                                      lanes_forming)
+from draftkit.verify.contract import Budget, DecodeState, DraftMismatch, DraftTree, StepResult
+from draftkit.verify.lanes import lanes_forming
 
 
 CONFIG_NAME = "config.json"
@@ -377,7 +377,7 @@ class EagleDrafter:
         self.todo = []  # (features (k, nH), next tokens (k,)) of kept positions the draft has not run yet
 
     def warm(self) -> None:
-        self.alone.warm_alone()  # contract.forming_lanes
+        self.alone.warm_alone()  # verify/lanes.py forming_lanes
 
     def _logits(self, feats: torch.Tensor) -> torch.Tensor:
         """Target-vocabulary logits (reference EAGLE-3: the draft's own head, -inf outside its vocabulary)."""

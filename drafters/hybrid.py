@@ -188,7 +188,7 @@ class HybridDrafter:
         self._last_step = None  # the first step of a sequence says nothing about the rate
 
     def warm(self) -> None:
-        """Its members compile what they draft with (contract.forming_lanes: a batch's hybrids form no group)."""
+        """Its members compile what they draft with (verify/lanes.py forming_lanes: a batch's hybrids form no group)."""
         for m in self.members:
             if hasattr(m.drafter, "warm"):
                 m.drafter.warm()

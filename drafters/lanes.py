@@ -36,7 +36,7 @@ from draftkit.verify.tree import COMPILED_ROWS, MaskBuffer, run_model, static_ke
 
 
 class DraftLanes:
-    """Drafters of one draft model and the same settings, drafting as one group (contract.DraftLanes). Built
+    """Drafters of one draft model and the same settings, drafting as one group (verify/lanes.py DraftLanes). Built
     right after the lanes' reset; a drafter's next reset takes it back to its own cache."""
 
     def __init__(self, drafters: list, num_layers: int, dtype: torch.dtype, device):
@@ -71,7 +71,7 @@ class DraftLanes:
 
     def warm_alone(self) -> None:
         """compile_draft: a group of one compiles its forwards now, unless its drafter has joined a batch's group
-        (contract.forming_lanes: a batch resets its drafters without compiling)."""
+        (verify/lanes.py forming_lanes: a batch resets its drafters without compiling)."""
         if self.compile and len(self.drafters) == 1 and self.drafters[0].group is self:
             self.warm()
 

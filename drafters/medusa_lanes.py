@@ -15,7 +15,7 @@ from draftkit.verify.contract import DecodeState, DraftTree
 
 
 class MedusaLanes:
-    """Medusa drafters sharing one MedusaHeads, proposing together (contract.DraftLanes)."""
+    """Medusa drafters sharing one MedusaHeads, proposing together (verify/lanes.py DraftLanes)."""
 
     def __init__(self, drafters: list):
         self.drafters = drafters

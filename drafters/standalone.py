@@ -15,8 +15,8 @@ from draftkit.drafters.lanes import DraftLanes, compatible
 from draftkit.drafters.tree_search import kept_entries
 from draftkit.verify.accept import Sampling
 from draftkit.verify.cache import KVBuffer  # the same cache class the verifier uses
-from draftkit.verify.contract import (Budget, DecodeState, DraftMismatch, DraftTree, StepResult,
-                                      lanes_forming)
+from draftkit.verify.contract import Budget, DecodeState, DraftMismatch, DraftTree, StepResult
+from draftkit.verify.lanes import lanes_forming
 from draftkit.verify.forward import context_limit
 from draftkit.verify.tree import run_model
 
@@ -89,7 +89,7 @@ class StandaloneDrafter:
         self.alone.reset(2 * prompt.numel() + 256, warm=not lanes_forming())  # out of any batch's group
 
     def warm(self) -> None:
-        self.alone.warm_alone()  # contract.forming_lanes
+        self.alone.warm_alone()  # verify/lanes.py forming_lanes
 
     def propose(self, state: DecodeState) -> DraftTree:
         return self.alone.propose([state])[0]

@@ -18,7 +18,8 @@ from draftkit.drafters.medusa_lanes import MedusaLanes
 from draftkit.drafters.peagle import PEagleDrafter, make_peagle_draft
 from draftkit.drafters.standalone import StandaloneDrafter
 from draftkit.verify.accept import Sampling
-from draftkit.verify.contract import Budget, NoDrafter, lane_groups
+from draftkit.verify.contract import Budget, NoDrafter
+from draftkit.verify.lanes import lane_groups
 from draftkit.verify.budget import FixedBudget
 from draftkit.verify.decode import generate
 from draftkit.verify.packed import generate_packed

@@ -34,8 +34,8 @@ from draftkit.verify.accept import Sampling, drafter_generator, verifier_generat
 from draftkit.verify.batch_plan import BatchPlanner
 from draftkit.verify.budget import make_policy
 from draftkit.verify.constraints import make_constraint
-from draftkit.verify.contract import (Budget, DecodeState, DraftTree, StepResult, forming_lanes, lane_groups,
-                                      require_int)
+from draftkit.verify.contract import Budget, DecodeState, DraftTree, StepResult, require_int
+from draftkit.verify.lanes import reset_lanes
 from draftkit.verify.decode import GenerationOutput, as_prompt, check_room, eos_set, finish
 from draftkit.verify.compiled import bucket
 from draftkit.verify.forward import Verifier, static_verifier
@@ -102,7 +102,7 @@ def _state(lane: Lane, ver: Verifier, sampling: Sampling, max_new_tokens: int, d
 def _proposals(live: list[Lane], states: list[DecodeState | None], groups, clock) -> tuple[list, list]:
     """Each live lane's tree (empty for a None state) and its drafting span: (start stamp, end stamp, lanes that
     share it), read into seconds after the step's read. Lanes whose drafters draft as a group
-    (contract.lane_groups) propose together, each charged an equal share of the group's time."""
+    (verify/lanes.py lane_groups) propose together, each charged an equal share of the group's time."""
     trees: list[DraftTree | None] = [None] * len(live)
     spans: list = [None] * len(live)
     where = {ln.index: i for i, ln in enumerate(live)}
@@ -241,16 +241,10 @@ def generate_packed(model, prompts, drafters, max_new_tokens: int = 64, sampling
         buf[:p.numel()] = p
         lanes.append(Lane(i, d, pol, p, sync.to_host(p) if i == 0 or not shared_prompt else list(lanes[0].tokens),
                           buf, pending=p, constraint=constraints[i]))
-        with forming_lanes(n > 1):  # a lane that joins a group compiles no graphs of its own
-            d.reset(p)
         pol.start(p.numel())
     if n == 1 and getattr(policies[0], "profile", None) is not None:  # one sequence: its steps padded as measured
         ver.use_row_padding(policies[0].profile.row_padding())
-    groups = lane_groups(drafters)  # drafters of one draft model propose together (contract.DraftLanes)
-    grouped = {i for idx, _ in groups for i in idx}
-    for i, d in enumerate(drafters):  # those no group took draft alone: what they compile, before any timed step
-        if n > 1 and i not in grouped and hasattr(d, "warm"):
-            d.warm()
+    groups = reset_lanes(drafters, prompts)  # drafters of one draft model propose together (verify/lanes.py)
 
     # prefill: the shared prompt once, or each lane's prompt on its own (no lane sees another's)
     for group in [lanes] if shared_prompt else [[lane] for lane in lanes]:
