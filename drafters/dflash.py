@@ -153,6 +153,10 @@ class ContextCache:
             self.lengths, self._counts, self._scatter = after, None, None
         return self.k[layer][:, :, :width], self.v[layer][:, :, :width]
 
+    def reset(self, reserve: int = 0) -> None:
+        """Empty rows for the next sequences (the eager cache grows as it needs: `reserve` is not read)."""
+        self.__init__(len(self.k), len(self.lengths))
+
     def nbytes(self) -> int:
         """Bytes this cache holds (allocated, not only used)."""
         return sum(t.numel() * t.element_size() for t in self.k + self.v if t is not None)
@@ -312,10 +316,12 @@ class DFlashDrafter:
 
     max_depth: draft depth (at most block_size - 1); max_nodes: tree size cap; top_k: children per node
     (1: a chain). temperature: the q temperature when sampling (default: the sampling temperature).
+    compile_draft: the block forward on static buffers, compiled (drafters/dflash_static.py).
     """
 
     def __init__(self, target, draft: DFlashDraft, max_depth: int = 4, max_nodes: int = 8, top_k: int = 2,
-                 temperature: float | None = None, sampling=None, draft_dtype: str = "auto"):
+                 temperature: float | None = None, sampling=None, draft_dtype: str = "auto",
+                 compile_draft: bool = False):
         block = draft.config.block_size
         if not 1 <= max_depth <= block - 1:
             raise ValueError(f"dflash drafts at most block_size - 1 = {block - 1} tokens per step (its trained "
@@ -335,6 +341,8 @@ class DFlashDrafter:
         self.top_k, self.temperature, self.sampling = top_k, temperature, sampling
         self.tree_temperature = float(draft.config.tree_temperature)
         self.budget_cap = Budget(max_depth, max_nodes if top_k > 1 else max_depth)
+        self.compile_draft = compile_draft
+        self.alone = None
         self.reset(None)
 
     @classmethod
@@ -348,7 +356,7 @@ class DFlashDrafter:
         settings, a state of its own."""
         cap = self.budget_cap
         return DFlashDrafter(self._target, self.draft, cap.max_depth, cap.max_nodes, self.top_k, self.temperature,
-                             self.sampling, self.draft_dtype)
+                             self.sampling, self.draft_dtype, self.compile_draft)
 
     @classmethod
     def draft_lanes(cls, drafters: list):
@@ -360,9 +368,19 @@ class DFlashDrafter:
 
     def reset(self, prompt) -> None:
         from draftkit.drafters.dflash_lanes import DFlashLanes
+        from draftkit.verify.lanes import lanes_forming
 
         self.todo: list[torch.Tensor] = []  # (k, nH) fused target layers of kept positions not yet in the cache
-        self.alone = DFlashLanes([self])  # one sequence: a group of one; its ContextCache becomes `self.cache`
+        self.reserve = 2 * (prompt.numel() if prompt is not None else 0) + 256  # context entries a static buffer holds
+        if self.alone is None:  # one sequence: a group of one, whose cache becomes `self.cache`
+            self.alone = DFlashLanes([self])
+        else:  # out of any batch's group; compile_draft's graphs now, unless a batch is forming (verify/lanes.py)
+            self.alone.reset(self.reserve, warm=prompt is not None and not lanes_forming())
+
+    def warm(self) -> None:
+        """compile_draft: this drafter's graphs for one sequence, unless it has joined a batch's group."""
+        if self.cache is self.alone.cache:
+            self.alone.warm()
 
     def propose(self, state: DecodeState) -> DraftTree:
         return self.alone.propose([state])[0]

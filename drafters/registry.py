@@ -46,7 +46,8 @@ class ModelDraftSettings(BudgetSettings):
 
 @dataclass
 class CompilableDraftSettings(ModelDraftSettings):
-    """The methods whose draft forwards run through the shared draft path (verify/tree.py run_model)."""
+    """The methods whose draft forwards can run on static shapes, compiled: the shared draft path (verify/tree.py
+    run_model) for EAGLE, P-EAGLE and the standalone draft, DFlash's static block (drafters/dflash_static.py)."""
     compile_draft: bool = _knob(False, "run the draft's own forwards compiled with static shapes (a bucket of rows "
                                        "per lane, a fixed-size KV buffer; CUDA graphs on a GPU); each shape compiles "
                                        "once, on its first use, and says so in one line; compare.py --compile turns "
@@ -71,15 +72,10 @@ class EagleChainSettings(EagleSettings):
 
 
 @dataclass
-class ParallelSettings(ModelDraftSettings):
+class ParallelSettings(CompilableDraftSettings):
     top_k: int = _knob(2, "children per node, cut from the per-depth distributions of the one draft forward; "
                           "1 drafts a chain")
     temperature: float | None = _knob(None, "q temperature of sampled drafts (default: the sampling temperature)")
-
-
-@dataclass
-class PEagleSettings(CompilableDraftSettings, ParallelSettings):
-    """P-EAGLE's one draft forward a step runs through the shared draft path, so it compiles as EAGLE's do."""
 
 
 @dataclass
@@ -204,7 +200,7 @@ def _shipped_or_given(target, path, default: str, hint: str) -> str:
     return resolve(path, default)
 
 
-def _peagle(target, path, tokenizer, s: PEagleSettings):
+def _peagle(target, path, tokenizer, s: ParallelSettings):
     from draftkit.drafters.peagle import PEagleDrafter
 
     return PEagleDrafter.from_pretrained(_shipped_or_given(target, path, "peagle", REGISTRY["peagle"].train_hint), target,
@@ -298,7 +294,7 @@ REGISTRY: dict[str, Entry] = {
     "eagle3": Entry(EagleSettings, _eagle_from("eagle3"), "eagle3",
                     "EAGLE-3 draft (fused low / middle / high target features): EAGLE-2 dynamic tree"),
     "lookahead": Entry(LookaheadSettings, _lookahead, None, "n-gram cache + Jacobi lookahead branch, no training"),
-    "peagle": Entry(PEagleSettings, _peagle, "peagle",
+    "peagle": Entry(ParallelSettings, _peagle, "peagle",
                     "P-EAGLE: EAGLE-3 with parallel drafting, every depth in one draft forward",
                     "train it with `python train/eagle.py --config recipes/eagle/peagle.yaml`"),
     "dflash": Entry(ParallelSettings, _dflash, "dflash",

@@ -57,6 +57,7 @@ def generate(target, input_ids, drafter=None, *args, **kwargs) -> GenerationOutp
 generate.__doc__ = _generate.__doc__ + """
     drafter: a Drafter, a method's name (`DRAFTERS`: built with its shipped draft, learning nothing across calls;
     build it once with `make_drafter` to keep what its controller learns), or None (plain decoding)."""
+generate.__module__ = __name__  # help(dk.generate) names draftkit, where users call it from
 
 
 def lane_drafters(method: str, target, n: int, path: str | None = None, tokenizer=None, **flags) -> list[Drafter]:

@@ -9,6 +9,7 @@ import torch
 from torch._dynamo.utils import counters
 
 import draftkit.verify.compiled as compiled
+from draftkit.drafters.dflash import DFlashDrafter, make_dflash_draft
 from draftkit.drafters.eagle import EagleDrafter, EagleDraftModel
 from draftkit.drafters.eagle_reference import make_draft
 from draftkit.drafters.peagle import PEagleDrafter, make_peagle_draft
@@ -33,27 +34,33 @@ def build_models():
     eagle3.config.attention_window = 8  # its mask narrowed per query: reads no length of the cache (one graph)
     torch.manual_seed(8)
     peagle = make_peagle_draft(target, [1, 2, 3], mask_token_id=5, draft_ids=torch.arange(0, 64, 2))
-    return target, EagleDraftModel.from_target(target), eagle3, peagle
+    torch.manual_seed(9)
+    dflash = make_dflash_draft(target, block_size=5, mask_token_id=5, draft_layers=2, target_layers=[1, 3])
+    dflash.config.attention_window = 8  # its static mask narrowed past the window, as the eager one is
+    return target, EagleDraftModel.from_target(target), eagle3, peagle, dflash
 
 
-def makers(target, eagle, eagle3, peagle):
+def makers(target, eagle, eagle3, peagle, dflash):
     """Drafters that accept much (the target as its own draft) and ones that accept little (random EAGLE drafts:
-    EAGLE-2's layout; EAGLE-3's reference layout, three fused target layers, a reduced vocabulary, a window)."""
+    EAGLE-2's layout; EAGLE-3's reference layout, three fused target layers, a reduced vocabulary, a window;
+    P-EAGLE; a DFlash block drafter on its static context buffer)."""
     return {
         "self-chain": lambda c: StandaloneDrafter(target, max_depth=4, compile_draft=c),
         "self-tree": lambda c: StandaloneDrafter(target, max_depth=3, top_k=2, max_nodes=6, compile_draft=c),
         "eagle-tree": lambda c: EagleDrafter(target, eagle, max_depth=3, top_k=3, max_nodes=8, compile_draft=c),
         "eagle3-tree": lambda c: EagleDrafter(target, eagle3, max_depth=3, top_k=2, max_nodes=6, compile_draft=c),
         "peagle-tree": lambda c: PEagleDrafter(target, peagle, max_depth=4, top_k=2, max_nodes=8, compile_draft=c),
+        "dflash-tree": lambda c: DFlashDrafter(target, dflash, max_depth=4, top_k=2, max_nodes=8, compile_draft=c),
     }
 
 
 def run(target, prompts, make, compile_draft: bool):
     """Each lane's tokens and every tree its drafter proposed (the lanes' group records them)."""
+    from draftkit.drafters.dflash_lanes import DFlashLanes
     from draftkit.drafters.eagle_lanes import PEagleLanes
     from draftkit.drafters.lanes import DraftLanes
 
-    trees, groups = [], (DraftLanes, PEagleLanes)  # P-EAGLE's lanes propose in one forward, a method of their own
+    trees, groups = [], (DraftLanes, PEagleLanes, DFlashLanes)  # one-forward drafters propose with their own method
     proposes = {g: g.propose for g in groups}
 
     def recording(propose):
@@ -79,7 +86,7 @@ def eager_graphs(monkeypatch):
     monkeypatch.setattr(compiled, "compiled_forward", lambda m: m.__call__)
 
 
-@pytest.mark.parametrize("kind", ["self-chain", "self-tree", "eagle-tree", "eagle3-tree", "peagle-tree"])
+@pytest.mark.parametrize("kind", ["self-chain", "self-tree", "eagle-tree", "eagle3-tree", "peagle-tree", "dflash-tree"])
 def test_static_draft_forwards_propose_what_eager_ones_do(models, kind, eager_graphs):
     """Padded to buckets on a fixed-size buffer, the lanes' draft forwards propose the trees the eager ones do, at
     every step, one sequence and a ragged batch; the output is plain decoding's either way."""
@@ -206,7 +213,7 @@ def test_compiled_drafts_never_recompile_after_the_warm_up():
     fast tests' stand-in marks graphs as compiled on the models it ran."""
     models = build_models()
     target = models[0]
-    for kind in ("self-chain", "eagle3-tree", "peagle-tree"):
+    for kind in ("self-chain", "eagle3-tree", "peagle-tree", "dflash-tree"):
         make = makers(*models)[kind]
         prompts = prompts_of((12,))
         eager = run(target, prompts, make, False)
@@ -230,3 +237,38 @@ def test_past_the_graph_limit_a_compiled_call_fails_in_one_line_instead_of_runni
             compiled.call_compiled(model, ("b",), "a forward of 5 tokens", "", False,
                                    input_ids=torch.zeros(1, 5).long())
     torch._dynamo.reset()
+
+
+def test_dflash_warms_each_bucket_once_and_keeps_no_graph_memory(models, eager_graphs, monkeypatch, caplog):
+    """DFlash's static block: a lone drafter's reset compiles every bucket of up to COMPILED_ROWS new context
+    entries for its buffer, said in one line, and a second drafter on the same draft compiles nothing; under CUDA
+    graphs each block forward returns a copy, so a later replay cannot rewrite what an earlier one returned."""
+    import logging
+
+    from draftkit.drafters.dflash_static import run_static, static_block, static_inputs
+
+    target = models[0]
+    torch.manual_seed(10)  # graphs are kept on the draft: a draft of its own
+    dflash = make_dflash_draft(target, block_size=5, mask_token_id=5, draft_layers=1, target_layers=[1, 3])
+    with caplog.at_level(logging.WARNING, logger="draftkit"):
+        for _ in range(2):
+            drafter = DFlashDrafter(target, dflash, compile_draft=True)
+            drafter.reset(prompts_of((12,))[0])
+    said = [r.getMessage() for r in caplog.records if "DFlash's block forward" in r.getMessage()]
+    keys = compiled.compiled_keys(static_block(dflash))
+    assert sorted(k[2] for k in keys) == [1, 2, 4, 8, 16] and {k[1:4:2] for k in keys} == {(1, drafter.cache.capacity)}
+    assert len(said) == 1 and "1 lane," in said[0] and f"{drafter.cache.capacity}-entry" in said[0], said
+
+    monkeypatch.setattr(compiled, "compiled_forward", graph_replays_any)
+    monkeypatch.setattr(compiled, "graph_outputs", lambda device: True)
+    monkeypatch.setattr("draftkit.drafters.dflash_static.graph_outputs", lambda device: True)
+    monkeypatch.setattr(torch.compiler, "cudagraph_mark_step_begin", lambda: None)
+    width = len(dflash.config.target_layers) * dflash.config.hidden_size
+    outs = []
+    for seed in (0, 1):
+        feats = torch.randn(1, 2, width, generator=torch.Generator().manual_seed(seed))
+        inputs = static_inputs(drafter.cache, [0], feats, [4], dflash.config.block_size, 0)  # the sink: no state
+        outs.append(run_static(dflash, drafter.cache, torch.randn(1, dflash.config.block_size, width // 2), inputs,
+                               True))
+    kept = outs[0].clone()
+    assert not torch.equal(outs[0], outs[1]) and torch.equal(outs[0], kept)
