@@ -40,7 +40,7 @@ def test_zoo_build_commands_parse_and_finished_stages_are_skipped(tmp_path, mode
             assert words[words.index("--layers") + 1] == "auto"
         script = Path(words[1]).stem
         cls = config_class(importlib.import_module("draftkit.train." + script))
-        cfg = parse_config(cls, words[2:], ignore_unknown=script == "prepare_data")  # it reads a recipe's data keys
+        cfg = parse_config(cls, words[2:])  # prepare_data reads a recipe's data keys (reads_other_recipes)
         assert cfg.corpus == "python" and cfg.target == str(done) and cfg.output_dir.startswith(str(tmp_path))
         assert cfg.regenerate and cfg.cache_dir == str(tmp_path / "cache")  # one regenerated data set for all
         if mode == "gpu":  # the trainings in bf16; prepare_data keeps the target's own dtype
@@ -121,8 +121,7 @@ def test_real_target_build_commands_parse(tmp_path, mode):
     assert [Path(c[1]).stem for c in commands] == stages
     data, trains, evaluate, exports = commands[1], commands[2:-7], commands[-7], commands[-6:]
     (out / "prompts.jsonl").write_text("")  # what the first stage writes: the recipes check that their corpus exists
-    cfg = parse_config(config_class(importlib.import_module("draftkit.train.prepare_data")), data[2:],
-                       ignore_unknown=True)
+    cfg = parse_config(config_class(importlib.import_module("draftkit.train.prepare_data")), data[2:])
     runs = [parse_config(config_class(importlib.import_module(f"draftkit.train.{Path(c[1]).stem}")), c[2:])
             for c in trains]
     for c in [cfg] + runs:  # every stage reads the shards the data stage made: the same data settings

@@ -94,7 +94,11 @@ class TrainConfig:
     def __post_init__(self):
         self.cache_dir = self.cache_dir.replace("{output_dir}", self.output_dir)
         bad = [f"{k} must be >= 1, got {getattr(self, k)}" for k in
-               ("max_steps", "gradient_accumulation_steps", "checkpoint_every") if getattr(self, k) < 1]
+               ("max_steps", "gradient_accumulation_steps", "checkpoint_every", "batch_size", "eval_every",
+                "eval_blocks", "checkpoint_total_limit") if getattr(self, k) < 1]
+        bad += [f"{k} must be >= 0, got {getattr(self, k)}" for k in ("warmup_steps", "grad_clip", "weight_decay")
+                if getattr(self, k) < 0]
+        bad += [problem for problem in (self._optimiser_problem(), self._output_problem()) if problem]
         from draftkit.corpus import corpus_problem
 
         problem = corpus_problem(self.corpus)  # before any model loads or any folder is made
@@ -103,6 +107,39 @@ class TrainConfig:
         if bad:
             raise TrainError("; ".join(bad))
 
+    def _optimiser_problem(self) -> str | None:
+        """What is wrong with the learning-rate settings, checked before anything loads."""
+        from transformers import SchedulerType
+
+        if not self.lr > 0:
+            return f"lr must be > 0, got {self.lr}"
+        if self.seq_len < 2:
+            return f"seq_len must be >= 2 (a token and the next one to predict), got {self.seq_len}"
+        if not 0 <= self.warmup_ratio < 1 or not 0 <= self.min_lr_ratio <= 1:
+            return f"warmup_ratio must lie in [0, 1) and min_lr_ratio in [0, 1], got {self.warmup_ratio} and " \
+                   f"{self.min_lr_ratio}"
+        if len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):
+            return f"betas must be two numbers in [0, 1), got {self.betas}"
+        schedulers = [t.value for t in SchedulerType]
+        if self.lr_scheduler_type not in schedulers:
+            return f"lr_scheduler_type {self.lr_scheduler_type!r} is not one of {', '.join(schedulers)}"
+        if self.mixed_precision not in MIXED_PRECISION:
+            return f"mixed_precision {self.mixed_precision!r} is not one of {', '.join(MIXED_PRECISION)}"
+        return None
+
+    def _output_problem(self) -> str | None:
+        for flag in ("output_dir", "export_dir"):
+            path = getattr(self, flag)
+            if path and os.path.exists(path) and not os.path.isdir(path):
+                return f"--{flag} {path} is a file, not a folder"
+        out = self.export_dir
+        if out and os.path.isdir(out) and os.listdir(out) and not os.path.exists(os.path.join(out, "train_report.json")):
+            # a folder a training run wrote holds its report (a rerun may write it again); anything else is not ours
+            return f"--export_dir {out} holds files no training run wrote; choose an empty or new folder"
+        return None
+
+
+MIXED_PRECISION = ("auto", "no", "fp16", "bf16")
 
 _HELP = {f.name: f.metadata["help"] for f in dataclasses.fields(TrainConfig)}
 
@@ -132,7 +169,11 @@ class RecipeParser(HfArgumentParser):
     def _parse_dataclass_field(parser, field):
         origin = getattr(field.type, "__origin__", None)
         if origin is not list:
-            return HfArgumentParser._parse_dataclass_field(parser, field)
+            HfArgumentParser._parse_dataclass_field(parser, field)
+            for action in parser._actions:  # a true-by-default switch's --no_ flag: its own help, not the switch's
+                if f"--no_{field.name}" in action.option_strings:
+                    action.help = f"turn --{field.name} off"
+            return
         item = field.type.__args__[0]
 
         def convert(text: str):
@@ -155,8 +196,14 @@ def load_recipe(path: str, cls, ignore_unknown: bool = False) -> dict:
         raise ValueError(f"{path}: a recipe is a YAML mapping of keys to values, got a {type(data).__name__}")
     names = [f.name for f in dataclasses.fields(cls)]
     unknown = sorted(set(data) - set(names))
-    if ignore_unknown:
-        return {k: v for k, v in data.items() if k in names}
+    if ignore_unknown:  # another recipe's keys are fine; a typo (no recipe's key) is not
+        data = {k: v for k, v in data.items() if k in names}
+        unknown = [k for k in unknown if k not in recipe_keys()]
+        names = sorted(set(names) | recipe_keys())
+    wrong = [problem for key, value in data.items() if key in names
+             for problem in [type_problem(key, value, hints(cls).get(key), auto=key in autos(cls))] if problem]
+    if wrong:
+        raise ValueError(f"{path}: {'; '.join(wrong)}")
     if unknown:
         def hint(key):
             near = difflib.get_close_matches(str(key), names, n=1)
@@ -167,9 +214,63 @@ def load_recipe(path: str, cls, ignore_unknown: bool = False) -> dict:
     return data
 
 
-def parse_config(cls, argv=None, description: str = "", prog: str | None = None, ignore_unknown: bool = False):
+def hints(cls) -> dict:
+    import typing
+
+    return typing.get_type_hints(cls)
+
+
+def autos(cls) -> set[str]:
+    return {f.name for f in dataclasses.fields(cls) if f.metadata.get("auto")}
+
+
+def type_problem(key: str, value, tp, auto: bool = False) -> str | None:
+    """What is wrong with a YAML value for a field of type `tp` (None: fine, or a type this does not check)."""
+    import typing
+
+    def fits(v, t) -> bool:
+        if t is bool:
+            return isinstance(v, bool)
+        if t is int:
+            return isinstance(v, int) and not isinstance(v, bool)
+        if t is float:
+            return isinstance(v, (int, float)) and not isinstance(v, bool)
+        if t is str:
+            return isinstance(v, str)
+        if typing.get_origin(t) is list:
+            return isinstance(v, list) and all(fits(x, typing.get_args(t)[0]) for x in v)
+        if typing.get_origin(t) in (typing.Union, getattr(__import__("types"), "UnionType", None)):
+            return any(fits(v, a) for a in typing.get_args(t))
+        return True
+    if tp is None or fits(value, tp) or (auto and value == AUTO):
+        return None
+    names = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}
+    want = names.get(tp) or (f"a list of {names.get(typing.get_args(tp)[0], 'items')}"
+                             if typing.get_origin(tp) is list else str(tp))
+    return f"{key} must be {want}{' or auto' if auto else ''}, got {value!r}"
+
+
+RECIPE_SCRIPTS = ("pretrain", "draft", "medusa", "eagle", "dflash")
+
+
+def recipe_keys() -> set[str]:
+    """Every key some recipe (train/<script>.py) takes: what a tool reading part of any recipe may meet."""
+    import importlib
+
+    keys = set()
+    for script in RECIPE_SCRIPTS:
+        module = importlib.import_module(f"draftkit.train.{script}")
+        for v in vars(module).values():
+            if isinstance(v, type) and dataclasses.is_dataclass(v) and issubclass(v, TrainConfig):
+                keys |= {f.name for f in dataclasses.fields(v)}
+    return keys
+
+
+def parse_config(cls, argv=None, description: str = "", prog: str | None = None):
     """Build `cls` from --config YAML, then command-line overrides (argv: default sys.argv[1:]). `prog`: the
-    script's name in messages (default: the running one's)."""
+    script's name in messages (default: the running one's). A class with `reads_other_recipes` takes any recipe's
+    YAML and reads only its own keys from it (typos are still errors)."""
+    ignore_unknown = getattr(cls, "reads_other_recipes", False)
     # no abbreviations: `--max_step 5` taken as --max_steps hides a typo; it is named below like any unknown flag
     parser = RecipeParser(cls, prog=prog, description=description, formatter_class=_Formatter, allow_abbrev=False)
     parser.add_argument("--config", help="YAML recipe under recipes/ (its keys are the flags below; flags win)")

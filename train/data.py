@@ -11,7 +11,7 @@ import os
 import torch
 
 from draftkit.files import write_atomically
-from draftkit.corpus import (HELDOUT_PERCENT, PROSE_FILE, Corpus, build_corpus, build_local_corpus,  # noqa: F401
+from draftkit.corpus import (HELDOUT_PERCENT, PROSE_FILE, Corpus, CorpusError, build_corpus, build_local_corpus,  # noqa: F401
                              is_heldout, python_files, stdlib_files)
 
 
@@ -40,13 +40,18 @@ def pack_tokens(texts, tokenizer, cache_path: str | None = None, chunk: int = 25
     """All texts tokenized and joined with EOS into one 1-D int32 stream (cached on disk)."""
     if cache_path and os.path.exists(cache_path):
         return torch.load(cache_path)
+    from tqdm import tqdm
+
     eos = tokenizer.eos_token_id
     texts = list(texts)
     ids: list[int] = []
+    bar = tqdm(total=len(texts), desc="tokenizing", unit=" documents", delay=2, leave=False)  # shown past 2 s
     for i in range(0, len(texts), chunk):  # batches: the Rust tokenizer encodes them in parallel
         for row in tokenizer(texts[i:i + chunk])["input_ids"]:
             ids.extend(row)
             ids.append(eos)
+        bar.update(len(texts[i:i + chunk]))
+    bar.close()
     stream = torch.tensor(ids, dtype=torch.int32)
     if cache_path:
         write_atomically(cache_path, lambda scratch: torch.save(stream, scratch))  # runs may share the cache
@@ -60,6 +65,13 @@ def token_streams(cfg, corpus: Corpus, tokenizer) -> tuple[torch.Tensor, torch.T
     cache = os.path.join(cache_dir, f"tokens-{key}") if cache_dir else None
     train = pack_tokens(corpus.train["text"], tokenizer, cache and cache + "-train.pt")
     heldout = pack_tokens(corpus.heldout["text"], tokenizer, cache and cache + "-heldout.pt")
+    seq_len = getattr(cfg, "seq_len", 0)
+    short = [f"{n:,} {part} tokens" for n, part in ((train.numel(), "train"), (heldout.numel(), "held-out"))
+             if n <= seq_len]
+    if short:  # found now, not after the training steps when the final evaluation needs a held-out block
+        raise CorpusError(f"corpus {corpus.source}: {' and '.join(short)}, less than one block of --seq_len "
+                          f"{seq_len}; give a larger corpus (its held-out part is a fixed share of its documents) "
+                          f"or a smaller --seq_len")
     return train, heldout
 
 

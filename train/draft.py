@@ -22,7 +22,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM  # noqa: E402
 
-from draftkit.train.config import field, parse_config, resolve_model, shared  # noqa: E402
+from draftkit.train.config import TrainError, field, parse_config, resolve_model, shared  # noqa: E402
 from draftkit.train.loop import Loop, cli, save_hf  # noqa: E402
 from draftkit.train.pretrain import llama_config  # noqa: E402
 from draftkit.train.targetdata import TargetDataConfig, target_data  # noqa: E402
@@ -46,11 +46,21 @@ class DraftConfig(TargetDataConfig):
     max_steps: int = shared("max_steps", 1200)
     seed: int = shared("seed", 1)
 
+    def __post_init__(self):
+        if self.lora_r < 0 or (self.lora_r and not self.init_from):
+            raise TrainError(f"lora_r {self.lora_r}: LoRA adapters train on a model given by --init_from (a rank "
+                             f">= 1), or 0 for a full fine-tune / a random draft")
+        super().__post_init__()
+
 
 def build_draft(cfg, target) -> torch.nn.Module:
     if cfg.init_from:
         path = resolve_model(cfg.init_from, "draft", "--init_from")
-        draft = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+        try:
+            draft = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+        except (OSError, ValueError) as err:  # an EAGLE / Medusa / DFlash folder, or no model at all
+            raise TrainError(f"--init_from {cfg.init_from}: not a causal LM transformers can load "
+                             f"({' '.join(str(err).split())[:160]})") from None
         if cfg.lora_r:
             from peft import LoraConfig, get_peft_model
 

@@ -92,6 +92,31 @@ def _shape_change(folder: str, old: dict, new: dict) -> str | None:
             f"--output_dir, or delete {folder}/checkpoints to start over")
 
 
+class RunFinished(Exception):
+    """A finished run started again with the same max_steps: said in one line, nothing rewritten (exit code 0)."""
+
+
+# settings a resumed run may change: where things go, how often it evaluates or checkpoints, tracking, and what only
+# the first start reads (its initial weights); every other one shapes the run, so a resume must keep it
+FREE_ON_RESUME = {"max_steps", "output_dir", "export_dir", "cache_dir", "checkpoint_every", "checkpoint_total_limit",
+                  "wandb", "wandb_project", "stop_at_step", "init_from", "init_heads", "init_from_target", "data_mode",
+                  "tree_size"}
+
+
+def _settings(cfg) -> dict:
+    """The settings that shape a run's trajectory (JSON values), saved with each checkpoint."""
+    return {k: v for k, v in json.loads(json.dumps(dataclasses.asdict(cfg), default=str)).items()
+            if k not in FREE_ON_RESUME and not k.startswith("eval_")}
+
+
+def _settings_change(old: dict | None, new: dict) -> str:
+    """'lr 0.001 -> 0.1, seed 0 -> 7' for the settings a checkpoint was made with that differ now ('' if none, or
+    for a checkpoint that saved none)."""
+    if not old:
+        return ""
+    return ", ".join(f"{k} {old[k]!r} -> {new[k]!r}" for k in sorted(old) if k in new and old[k] != new[k])
+
+
 class Loop:
     def __init__(self, cfg, project: str):
         from accelerate import Accelerator
@@ -173,6 +198,11 @@ class Loop:
         change = _shape_change(folder, state.get("shapes", {}), shapes)
         if change:
             raise TrainError(change)
+        changed = _settings_change(state.get("settings"), _settings(self.cfg))
+        if changed:
+            raise TrainError(f"{folder} holds a run at step {state['step']} made with other settings ({changed}); "
+                             f"resume it with its own, or use a new --output_dir")
+        self._finished(state["step"])
         if state["step"] > self.cfg.max_steps:
             raise TrainError(f"{folder} holds a run at step {state['step']}, past --max_steps {self.cfg.max_steps}; "
                              f"raise --max_steps or use a new --output_dir")
@@ -184,6 +214,19 @@ class Loop:
                              f"to resume from an older one, or start over with a new --output_dir") from None
         acc.print(f"resumed from {last} at step {state['step']}")
         return state["step"]
+
+    def _finished(self, step: int) -> None:
+        """RunFinished when the run already reached max_steps and wrote its report: nothing is trained or rewritten."""
+        report = Path(self.final_dir) / "train_report.json"
+        if step != self.cfg.max_steps or not report.exists():
+            return
+        try:
+            steps = json.loads(report.read_text()).get("steps")
+        except (OSError, ValueError):
+            return
+        if steps == step:
+            raise RunFinished(f"{self.cfg.output_dir} finished at step {step} and {report} holds its report: nothing "
+                              f"to do (raise --max_steps to train on from there, or use a new --output_dir)")
 
     def _start_tracking(self) -> None:
         cfg = self.cfg
@@ -241,6 +284,8 @@ class Loop:
             if step + 1 == cfg.stop_at_step and step + 1 < cfg.max_steps:
                 return RunResult(self.start_step, step + 1, history, {}, True, time.perf_counter() - t0)
         seconds = time.perf_counter() - t0
+        if evaluate:
+            acc.print(f"{desc}: the final held-out evaluation at step {cfg.max_steps} (the model is saved after it)")
         final, logged = self._evaluate(evaluate, cfg.max_steps) if evaluate else ({}, {})
         if logged:
             acc.log(logged, step=cfg.max_steps)
@@ -271,7 +316,7 @@ class Loop:
         acc.save_state(str(folder))
         if acc.is_main_process:  # written last: a folder without it is an interrupted save
             (folder / STATE_FILE).write_text(json.dumps({"step": step, "max_steps": self.cfg.max_steps,
-                                                         "shapes": self.shapes}))
+                                                         "shapes": self.shapes, "settings": _settings(self.cfg)}))
             done = sorted((p for p in self.checkpoints.glob("checkpoint[-_]*") if (p / STATE_FILE).exists()),
                           key=_step)
             for old in done[:-max(1, self.cfg.checkpoint_total_limit)]:
@@ -321,8 +366,15 @@ def cli(main, argv=None) -> None:
     and exit code 2."""
     from draftkit.corpus import CorpusError
 
+    name = os.path.basename(sys.argv[0])
     try:
         main(argv)
     except (TrainError, CorpusError) as err:
-        print(f"{os.path.basename(sys.argv[0])}: error: {err}", file=sys.stderr)
+        print(f"{name}: error: {err}", file=sys.stderr)
         sys.exit(2)
+    except RunFinished as done:
+        print(f"{name}: {done}", file=sys.stderr)
+    except KeyboardInterrupt:
+        print(f"{name}: interrupted; the same command resumes where it stopped (its last complete checkpoint or "
+              f"data shard)", file=sys.stderr)
+        sys.exit(130)

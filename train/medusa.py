@@ -236,6 +236,10 @@ def init_heads_file(cfg, target) -> str | None:
                          "--init_heads '' for new heads)")
     with open(os.path.join(folder, "config.json")) as fh:
         icfg = json.load(fh)
+    if "num_heads" not in icfg:
+        kind = icfg.get("kind") or icfg.get("model_type") or "another kind of model"
+        raise TrainError(f"--init_heads {cfg.init_heads}: not a Medusa folder (its config.json describes {kind}); "
+                         f"give a Medusa run's final/ folder, or --init_heads '' for new heads")
     vocab, hidden = target.get_output_embeddings().weight.shape
     want = MedusaHeads.settings(hidden, vocab, cfg.num_heads, cfg.num_layers, cfg.share_lm_head)
     if any(icfg.get(k) != v for k, v in want.items()):

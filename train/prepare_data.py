@@ -25,6 +25,7 @@ from draftkit.train.targetdata import TargetDataConfig, target_data  # noqa: E40
 
 @dataclass
 class PrepareConfig(TargetDataConfig):
+    reads_other_recipes = True  # a recipe YAML holds keys this script does not use (lr, ...): only its data fields
     target: str = field("default", "target model (a folder, a hub id, or default: the shipped target)")
     layers: list[int] = field([-1], "hidden_states indices to store (0 = embeddings, -1 = the last); the last is "
                                     "always stored; auto = EAGLE-3's three from the target's config, (2, L//2, L-3), "
@@ -36,8 +37,7 @@ class PrepareConfig(TargetDataConfig):
 
 
 def main(argv=None):
-    # a recipe YAML holds keys this script does not use (lr, ...): read only the data fields from it
-    cfg = parse_config(PrepareConfig, argv, description=__doc__, ignore_unknown=True)
+    cfg = parse_config(PrepareConfig, argv, description=__doc__)
     path = resolve_model(cfg.target, "target")
     acc = Accelerator(cpu=not torch.cuda.is_available())
     tokenizer = AutoTokenizer.from_pretrained(path)
