@@ -90,11 +90,17 @@ class LookaheadSettings(BudgetSettings):
     guesses: int = _knob(4, "G: cached continuations verified per step")
 
 
+AUTO_MEMBERS = ("suffix", "eagle")  # the hybrid's members unless named: those of them that fit the target
+
+
 @dataclass
 class HybridSettings(BudgetSettings):
     max_depth: int = _knob(12, "most levels of the merged tree per step (each member keeps its own cap too)")
     max_nodes: int = _knob(24, "most nodes of the merged tree per step (each member keeps its own cap too)")
-    members: str = _knob("suffix,eagle", "comma list of the drafters whose trees it merges, two or more")
+    members: str = _knob("auto", "comma list of the drafters whose trees it merges, two or more, each used as named "
+                                 "(a draft that does not fit the target is an error); auto: suffix and EAGLE as they "
+                                 "fit the target (on a real target its shipped EAGLE-3; without a fitting draft, "
+                                 "lookahead)")
     min_chance: float = _knob(0.01, "nodes whose calibrated chance of being reached is below this (greedy: or "
                                     "below the step's own floor, when the controller gives one) are not verified, "
                                     "in [0, 1)")
@@ -119,6 +125,8 @@ class HybridSettings(BudgetSettings):
 
 
 def member_names(text: str) -> list[str]:
+    if str(text).strip() == "auto":
+        return list(AUTO_MEMBERS)
     return [n.strip() for n in str(text).split(",") if n.strip()]
 
 
@@ -272,13 +280,14 @@ def _hybrid(target, paths, tokenizer, s: HybridSettings):
 
     paths = paths or {}
     members = {}
-    for n in available_members(target, member_names(s.members), paths):
+    asked = s.members.strip() != "auto"  # members named by the user: each one as asked, or a one-line error
+    for n in member_names(s.members) if asked else available_members(target, member_names(s.members), paths):
         given = paths.get(REGISTRY[n].default_model)
         try:
             members[n] = build(n, target, given, tokenizer, **compiled_flag(n, s))
         except (DraftMismatch, ZooError) as err:
-            if given:
-                raise
+            if given or asked:
+                raise type(err)(f"hybrid member {n}: {err}") from None
             logging.getLogger("draftkit").warning("draftkit: the hybrid leaves out %s: %s", n, err)
     for n in two_or_more(list(members)):  # suffix and lookahead (nothing to load) make up two
         if n not in members:

@@ -38,10 +38,13 @@ def _ints(text: str, flag: str) -> list[int]:
     return values
 
 
-def run_batches(target, prompts, names, batch_sizes, n_new, repeats, budget, compile=False) -> list[dict]:
+def run_batches(target, prompts, names, batch_sizes, n_new, repeats, budget, compile=False,
+                make_lanes=None) -> list[dict]:
     """One row per (method, batch size), speedups against plain batched decoding of the same size. compile: every
-    method's verify forward compiled (generate_packed)."""
-    pools = {name: dk.lane_drafters(name, target, max(batch_sizes)) for name in names}
+    method's verify forward compiled (generate_packed). make_lanes(name, n): n lane drafters of a method (default:
+    its shipped draft and default settings)."""
+    make_lanes = make_lanes or (lambda name, n: dk.lane_drafters(name, target, n))
+    pools = {name: make_lanes(name, max(batch_sizes)) for name in names}
     rows = []
     for b in batch_sizes:
         batch = prompts[:b]
@@ -156,9 +159,12 @@ def main(argv=None):
     if not names or unknown:
         raise SystemExit(f"bench_batch.py: error: --drafters: unknown {unknown or 'empty list'}; "
                          f"choose from {', '.join(dk.DRAFTERS)}")
-    if args.max_new_tokens < 1 or args.prompt_len < 1 or args.repeats < 1 or not args.temperature > 0:
-        raise SystemExit("bench_batch.py: error: --max-new-tokens, --prompt-len, --repeats and --temperature "
-                         "must be positive")
+    low = [f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items()
+           if k in ("max_new_tokens", "prompt_len", "repeats", "temperature") and not v > 0]
+    if low:
+        raise SystemExit(f"bench_batch.py: error: {', '.join(low)}: must be positive")
+    if os.path.exists(args.out) and not os.path.isdir(args.out):
+        raise SystemExit(f"bench_batch.py: error: --out {args.out} is a file, not a folder")
 
     target, tok = dk.load_target()
     tasks = build_tasks(tok, ["code"], n=max(batch_sizes), length=args.prompt_len)["code"]

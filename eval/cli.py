@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import os
 
 from draftkit.eval import cli_checks as check
 from draftkit.eval.cli_checks import UsageError
@@ -95,6 +96,12 @@ def build_parser(description: str | None = None) -> Parser:
                     help="torch CPU threads: a count, or auto: the cores not busy with other work when the run "
                          "starts (cores less the load average, at least 1; a thread sharing its core with other "
                          "work stalls every op of a forward) (default: %(default)s)")
+    ap.add_argument("--device", default="auto",
+                    help="where the target and the drafts run: cpu, cuda, cuda:N, or auto: cuda when a GPU is there, "
+                         "else cpu (default: %(default)s)")
+    ap.add_argument("--dtype", choices=("auto", "fp32", "bf16", "fp16"), default="auto",
+                    help="the target's precision (the drafts follow it): auto: fp32 on a CPU (faster there), on a "
+                         "GPU the checkpoint's bf16 / fp16, else bf16 (default: %(default)s)")
     ap.add_argument("--tf32", choices=("off", "on", "keep"), default="off",
                     help="float32 matrix products on an NVIDIA GPU: off (IEEE fp32), on (TF32) or keep (as torch and "
                          "your imports left them); printed in the machine line; nothing on a CPU "
@@ -156,7 +163,9 @@ def batch_sizes(text: str | None) -> list[int]:
         raise UsageError(f"--batch-sizes takes a comma list of integers, got {text!r}") from None
     if not sizes or min(sizes) < 1:
         raise UsageError(f"--batch-sizes needs integers >= 1, got {text!r}")
-    return sizes
+    if len(set(sizes)) < len(sizes):
+        raise UsageError(f"--batch-sizes names a size twice: {text!r}")
+    return sorted(sizes)
 
 
 def check_flags(args) -> list[check.PromptText] | None:
@@ -294,6 +303,7 @@ def target_info(name: str | None):
 
     from draftkit.gguf import RealTargetMissing
     from draftkit.models import resolve
+    from draftkit.verify.attention_layout import config_problem
     from draftkit.zoo import ZooError
 
     try:
@@ -313,13 +323,56 @@ def target_info(name: str | None):
         tok = AutoTokenizer.from_pretrained(path)
     except Exception as e:  # noqa: BLE001 - transformers raises OSError, ValueError, KeyError...
         why = check.error_message(e)
+        if os.path.isdir(path) and not any(os.path.exists(os.path.join(path, f)) for f in TOKENIZER_FILES):
+            why = "no tokenizer beside the model: save it there too, tokenizer.save_pretrained(folder)"
         raise UsageError(f"--target {path!r}: cannot read its config and tokenizer ({why})") from None
     finally:
         hub_logging.set_verbosity(levels[0])
         hf_logging.set_verbosity(levels[1])
+    problem = config_problem(cfg) or weights_problem(path)
+    if problem:
+        raise UsageError(f"--target {path}: {problem}")
     text = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
     context = getattr(text, "max_position_embeddings", None) or getattr(text, "n_positions", None)
     return path, context, tok
+
+
+def placement(device: str, dtype: str, path: str) -> tuple[str, str]:
+    """(device, dtype name) the target loads on: --device / --dtype checked (one line) and their `auto` resolved."""
+    import torch
+
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        dev = torch.device(device)
+    except RuntimeError:
+        raise UsageError(f"--device {device!r}: not a device (cpu, cuda or cuda:N)") from None
+    if dev.type not in ("cpu", "cuda"):
+        raise UsageError(f"--device {device}: compare.py runs on cpu or cuda")
+    if dev.type == "cuda" and (not torch.cuda.is_available() or (dev.index or 0) >= torch.cuda.device_count()):
+        raise UsageError(f"--device {device}: no such GPU here ({torch.cuda.device_count()} visible)")
+    if dtype == "auto":
+        dtype = "fp32"
+        if dev.type == "cuda":
+            from transformers import AutoConfig
+
+            saved = str(getattr(AutoConfig.from_pretrained(path), "torch_dtype", "") or "")
+            dtype = "fp16" if "float16" in saved and "bfloat" not in saved else "bf16"
+    return device, dtype
+
+
+DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+WEIGHTS = ("*.safetensors", "pytorch_model*.bin", "*.pt", "*.gguf")
+
+
+def weights_problem(path: str) -> str | None:
+    """A local model folder without a weights file (a config and tokenizer alone), said before anything loads."""
+    import glob
+
+    if not os.path.isdir(path) or any(glob.glob(os.path.join(path, w)) for w in WEIGHTS):
+        return None
+    return "holds no weights (model.safetensors or pytorch_model.bin beside its config.json)"
 
 
 def build_prompts(args, tok, texts):
@@ -333,6 +386,9 @@ def build_prompts(args, tok, texts):
     except MissingBenchmark as e:
         raise UsageError(f"--tasks humaneval: {e}") from None
     except ValueError as e:
+        if args.chat and not getattr(tok, "chat_template", None):
+            raise UsageError("--chat: the target's tokenizer has no chat template (its tokenizer_config.json sets "
+                             "none); leave --chat out to run its prompts as plain text") from None
         raise UsageError(str(e) if texts is not None else f"--prompt-len {args.prompt_len}: {e}") from None
 
 
@@ -371,6 +427,7 @@ def prepare(argv, description: str | None = None):
     texts = check_flags(args)
     check_drafters(args, drafter_choices())
     path, context, tok = target_info(args.target)
+    args.device, args.dtype = placement(args.device, args.dtype, path)
     if texts is None and "tasks" not in args.explicit and getattr(tok, "chat_template", None):
         args.task_names = list(CHAT_PRESET_TASKS)  # a chat model: what its users send, not text to continue
         if args.preset == "quick" and "prompts" not in args.explicit:
@@ -380,6 +437,11 @@ def prepare(argv, description: str | None = None):
     args.grammars = task_grammars(args, tok, args.task_names or sorted({t.task for t in texts}))
     tasks = build_prompts(args, tok, texts)
     notes = [thread_note] if thread_note else []
+    fewer = {t: len(p) for t, p in tasks.items() if len(p) < args.prompts}
+    if fewer and "prompts" in args.explicit:  # said, not silently fewer than asked
+        have = ", ".join(f"{t} {n}" for t, n in list(fewer.items())[:6]) + (", ..." if len(fewer) > 6 else "")
+        notes.append(f"note: --prompts {args.prompts}: {len(fewer)} task(s) hold fewer and run all they have "
+                     f"({have})")
     import torch
 
     torch.set_num_threads(threads)

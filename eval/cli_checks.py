@@ -54,6 +54,8 @@ def names(flag: str, value: str, choices, all_word: str | None = None) -> tuple[
         raise UsageError(f"{flag} is empty; choose from {offer}")
     if all_word and listed == [all_word]:
         return tuple(choices)
+    if all_word and all_word in listed:
+        raise UsageError(f"{flag}: {all_word!r} stands alone (it names every one); got {value!r}")
     bad = [x for x in listed if x not in choices]
     if bad:
         raise UsageError(f"{flag}: unknown {', '.join(map(repr, bad))}; choose from {offer}")

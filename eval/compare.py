@@ -72,15 +72,11 @@ def build_methods(args, target, tokenizer, on_error=None):
         count = param_count(obj, target)
         return lambda: {**footprint(obj, target), "param_count": count}
 
-    model_flag = {"draft": args.draft, "eagle": args.eagle, "eagle3": args.eagle3, "medusa": args.medusa,
-                  "peagle": args.peagle, "dflash": args.dflash}
     methods = [Method("plain", ours(None), footprint=lambda: {"params": 0, "kv": 0, "buffers": 0}, about="")]
     peers = []
     budgets = ("auto", "fixed") if args.budget == "both" else (args.budget,)
     for name in args.drafter_names:
-        entry = REGISTRY[name]
-        # a composite drafter (hybrid) gets every model flag, for its members
-        path = model_flag if entry.composite else model_flag.get(entry.default_model)
+        entry, path = REGISTRY[name], drafter_path(args, name)
         try:  # one drafter per budget: each keeps its own state (and the controller what it learned)
             drafters = [dk.make_drafter(name, target, path, tokenizer=tokenizer, **drafter_settings(args, name))
                         for _ in budgets]
@@ -118,11 +114,24 @@ def build_methods(args, target, tokenizer, on_error=None):
     return methods + peers
 
 
+def drafter_path(args, name: str):
+    """What the model flags give drafter `name`: its draft's folder (None: the shipped one); a composite drafter
+    (the hybrid) gets every model flag, for its members."""
+    from draftkit.drafters.registry import REGISTRY
+
+    flags = {"draft": args.draft, "eagle": args.eagle, "eagle3": args.eagle3, "medusa": args.medusa,
+             "peagle": args.peagle, "dflash": args.dflash}
+    entry = REGISTRY[name]
+    return flags if entry.composite else flags.get(entry.default_model)
+
+
 def run(args, target_path, tok, tasks, notes, started: float) -> int:
     """Load, measure, write. 0: every row measured; 1: something failed (FAILED rows); 130: interrupted."""
+    import torch
     from tqdm import tqdm
 
     import draftkit as dk
+    from draftkit.eval.cli import DTYPES
     from draftkit.eval.measure import measure, warm_up
     from draftkit.eval.noise import Probe, timing_warnings
     from draftkit.eval.report import RunWriter, format_table, log_wandb, machine_line, quiet_warnings
@@ -132,7 +141,8 @@ def run(args, target_path, tok, tasks, notes, started: float) -> int:
 
     hf_logging.disable_progress_bar()  # weight-loading bars: noise before the one progress bar that matters
     writer = RunWriter(args.out)
-    print(f"results folder: {args.out}")
+    print(f"results folder: {args.out}" + (f" (the previous run's results moved to {writer.moved})"
+                                           if writer.moved else ""))
     for note in notes:
         print(note)
     report = {"machine": machine_line(), "settings": settings_of(args), "notes": notes, "rows": writer.rows}
@@ -147,8 +157,9 @@ def run(args, target_path, tok, tasks, notes, started: float) -> int:
 
     try:
         with quiet_warnings() as warned:
-            target = dk.load_model(target_path)
+            target = dk.load_model(target_path, dtype=getattr(torch, DTYPES[args.dtype])).to(args.device)
             report["target_params"] = sum(p.numel() for p in target.parameters())
+            report["target_placement"] = f"{args.dtype} on {args.device}"
             follow_up(args, target, tok, tasks)
             methods = build_methods(args, target, tok, on_error=lambda name, msg, tb: failed("all", name, msg, tb))
             total = (sum(len(p) for p in tasks.values()) * args.repeats + 1) * len(methods)
@@ -169,9 +180,9 @@ def run(args, target_path, tok, tasks, notes, started: float) -> int:
                     for row in task_rows(task, methods, res, greedy=args.temperature == 0, cost_curve=curve):
                         writer.add({**row, "chat": prompts[0].messages is not None})
             if args.batch_size_list:
-                report["batches"] = batch_rows(args, target, next(iter(tasks.values())), bar, methods)
+                report["batches"] = batch_rows(args, target, next(iter(tasks.values())), bar, methods, tok)
     except KeyboardInterrupt:
-        status = 130
+        status, report["interrupted"] = 130, True
         print("\ninterrupted: writing the rows finished so far", file=sys.stderr)
     except Exception as exc:  # noqa: BLE001 - whatever ends the run, keep what it measured
         failed("all", "run", error_message(exc), traceback.format_exc())
@@ -263,11 +274,17 @@ def compile_buckets(args, target, methods, tasks, bar) -> None:
         bar.write(f"compiled the drafts' forwards for the longest prompt in {time.perf_counter() - t0:.0f} s (not timed)")
 
 
-def batch_rows(args, target, prompts, bar, methods) -> list[dict]:
+def batch_rows(args, target, prompts, bar, methods, tokenizer=None) -> list[dict]:
     """--batch-sizes: the first task's prompts decoded in batches (eval/bench_batch.py), speedup over plain
     batched decoding of the same size and the KV bytes of each method, interleaved, --repeats timed rounds (the
-    median; a first round warms up)."""
+    median; a first round warms up). Each lane's drafter is built as the single-sequence rows' are: the model flags'
+    drafts and the drafter flags' settings."""
+    import draftkit as dk
     from draftkit.eval.bench_batch import run_batches
+    from draftkit.eval.drafter_flags import drafter_settings
+
+    def make_lanes(name: str, n: int) -> list:
+        return dk.lane_drafters(name, target, n, drafter_path(args, name), tokenizer, **drafter_settings(args, name))
 
     names = list(args.drafter_names)
     ids = [p.ids for p in prompts]
@@ -282,7 +299,7 @@ def batch_rows(args, target, prompts, bar, methods) -> list[dict]:
         warm_compiled(target, static_capacity(sum(len(x) for x in ids[:b]), b, args.max_new_tokens, w),
                       b * (w + 2), hidden_kinds(methods))
     return run_batches(target, ids, names, args.batch_size_list, args.max_new_tokens, args.repeats, budget,
-                       args.compile)
+                       args.compile, make_lanes)
 
 
 def verify_curve(target, context: int, profiled: set[int]):

@@ -266,9 +266,20 @@ def hf_generate_speeds(target, prompts, n: int, repeats: int) -> dict:
 class Check:
     """The JSON file, section by section."""
 
-    def __init__(self, path: Path, redo: set[str], budget_s: float):
+    def __init__(self, path: Path, redo: set[str], budget_s: float, config: dict | None = None):
+        """config: the settings the sections' results depend on; a file written under others is moved aside
+        (<out>.previous.json, kept) and every section runs again, so no result of another setup is taken as done."""
         self.path, self.redo, self.deadline = path, redo, time.monotonic() + budget_s
         self.data = json.loads(path.read_text()) if path.exists() else {"sections": {}}
+        config = config or {}
+        old = self.data.get("config")
+        if self.data["sections"] and old != config:
+            aside = path.with_name(path.stem + ".previous.json")
+            path.replace(aside)
+            print(f"{path} holds sections run with other settings ({old} -> {config}): moved to {aside}; "
+                  f"every section runs again")
+            self.data = {"sections": {}}
+        self.data["config"] = config
 
     def section(self, name: str, fn) -> None:
         old = self.data["sections"].get(name, {})
@@ -394,7 +405,8 @@ def main(argv=None) -> int:
     ap.add_argument("--tf32", choices=("off", "on", "keep"), default="off",
                     help="float32 matrix products on the GPU: off (IEEE fp32), on (TF32) or keep (as torch left "
                          "them); recorded in the env section (default: %(default)s)")
-    ap.add_argument("--redo", default="", help="comma-separated section names to run again even if ok")
+    ap.add_argument("--redo", default="", help="comma-separated section names to run again even if ok (env, "
+                    "zoo-, llama1b-, sampled-, hf- and compile- each dtype, e.g. compile-bf16) (default: none)")
     ap.add_argument("--budget-s", type=float, default=450.0, help="no section starts after this many seconds "
                     "(default: 450)")
     args = ap.parse_args(argv)
@@ -415,7 +427,27 @@ def main(argv=None) -> int:
     samples = 150 if args.quick else 1500
     set_tf32(args.tf32)
 
-    check = Check(Path(args.out), {s.strip() for s in args.redo.split(",") if s.strip()}, args.budget_s)
+    names = ["env"] + [f"{kind}-{d}" for d in dtypes for kind in ("zoo", "llama1b", "sampled", "hf", "compile")]
+    redo = {s.strip() for s in args.redo.split(",") if s.strip()}
+    if redo - set(names):
+        ap.error(f"--redo: no section {', '.join(sorted(redo - set(names)))} in this run; sections: {', '.join(names)}")
+    config = {"device": device.type, "quick": args.quick, "tf32": args.tf32}
+    check = Check(Path(args.out), redo, args.budget_s, config)
+    try:
+        run_sections(check, device, dtypes, args, samples)
+    except KeyboardInterrupt:
+        print(f"interrupted; the sections finished so far are in {args.out}, and the same command runs the rest",
+              file=sys.stderr)
+        return 130
+    failed = [k for k, v in check.data["sections"].items() if v["status"] == "failed"]
+    lossy = [f"{k}/{d}" for k, v in check.data["sections"].items() if v["status"] == "ok"
+             for d, r in ((v.get("result") or {}).get("drafters") or {}).items() if r.get("mismatches")]
+    print(f"wrote {args.out}; failed sections: {', '.join(failed) or 'none'}; outputs that differ from plain decoding "
+          f"other than at near-ties: {', '.join(lossy) or 'none'}")
+    return 1 if lossy else 0
+
+
+def run_sections(check: Check, device, dtypes: list[str], args, samples: int) -> None:
     check.section("env", lambda: env(device))
     for name in dtypes:
         dtype = DTYPES[name]
@@ -424,12 +456,6 @@ def main(argv=None) -> int:
         check.section(f"sampled-{name}", lambda: sampled_check(device, dtype, samples))
         check.section(f"hf-{name}", lambda: hf_section(device, dtype, args))
         check.section(f"compile-{name}", lambda: compile_section(device, dtype, args))
-    failed = [k for k, v in check.data["sections"].items() if v["status"] == "failed"]
-    lossy = [f"{k}/{d}" for k, v in check.data["sections"].items() if v["status"] == "ok"
-             for d, r in ((v.get("result") or {}).get("drafters") or {}).items() if r.get("mismatches")]
-    print(f"wrote {args.out}; failed sections: {', '.join(failed) or 'none'}; outputs that differ from plain decoding "
-          f"other than at near-ties: {', '.join(lossy) or 'none'}")
-    return 1 if lossy else 0
 
 
 if __name__ == "__main__":

@@ -82,7 +82,10 @@ def added_mb(row: dict) -> float | None:
 def format_table(report: dict) -> str:
     head = (f"{'task':6} {'method':18} {'tau':>5} {'alpha':>5} {'tok/s':>7} {'speedup':>16} {'pred.':>5} "
             f"{'budget':>8} {'K*':>3} {'draft%':>6} {'adds MB':>7} {'lossless':>9}  accept by depth")
-    lines = [f"machine: {report['machine']}"]
+    lines = [f"machine: {report['machine']}" + (f"; target in {report['target_placement']}"
+                                                 if report.get("target_placement") else "")]
+    if report.get("interrupted"):
+        lines.append("INTERRUPTED: the rows below are the ones finished before the run was stopped")
     lines += [f"WARNING: {w}" for w in report.get("timing", {}).get("warnings", [])]  # before any figure
     lines += [head, "-" * len(head)]
     failed = [r for r in report["rows"] if r.get("error")]
@@ -130,6 +133,28 @@ def grammar_lines(rows: list[dict]) -> list[str]:
     return out
 
 
+RUN_FILES = ("rows.jsonl", "compare.json", "compare.txt")  # and the plots (*.png)
+
+
+def keep_previous(folder: str) -> str | None:
+    """Move an earlier run's results in `folder` (its rows, report and plots) into folder/previous-<its time>/;
+    returns that folder, or None when there was nothing to move. Nothing else in `folder` is touched."""
+    import glob
+    import shutil
+    import time as clock
+
+    found = [os.path.join(folder, f) for f in RUN_FILES if os.path.isfile(os.path.join(folder, f))]
+    if not any(os.path.getsize(f) for f in found):
+        return None
+    found += glob.glob(os.path.join(folder, "*.png"))
+    stamp = clock.strftime("%Y%m%d-%H%M%S", clock.localtime(max(os.path.getmtime(f) for f in found)))
+    dest = os.path.join(folder, f"previous-{stamp}")
+    os.makedirs(dest, exist_ok=True)
+    for f in found:
+        shutil.move(f, os.path.join(dest, os.path.basename(f)))
+    return dest
+
+
 class RunWriter:
     """Appends each row to rows.jsonl the moment it is known, so a run that dies loses nothing finished."""
 
@@ -137,7 +162,8 @@ class RunWriter:
         self.folder = folder
         self.rows: list[dict] = []
         self.rows_path = os.path.join(folder, "rows.jsonl")
-        open(self.rows_path, "w").close()  # a reused folder starts a fresh file
+        self.moved = keep_previous(folder)  # a reused folder: the earlier run's results kept, not mixed or lost
+        open(self.rows_path, "w").close()
 
     @property
     def errors(self) -> list[dict]:

@@ -220,7 +220,7 @@ def test_a_failure_loses_no_other_row_and_the_exit_code_says_so(monkeypatch, tmp
     bad_ids = CharTokenizer()("bbbb")["input_ids"]
     monkeypatch.setattr(cli, "target_info", lambda name: ("fake", 256, CharTokenizer()))
     monkeypatch.setattr(cli, "drafter_choices", lambda: ("good", "flaky"))
-    monkeypatch.setattr(dk, "load_model", lambda path: torch.nn.Linear(2, 2))
+    monkeypatch.setattr(dk, "load_model", lambda path, **kw: torch.nn.Linear(2, 2))
     methods = [Method("plain", _fake_run()), Method("good", _fake_run()), Method("flaky", _fake_run(bad_ids))]
     monkeypatch.setattr(compare, "build_methods", lambda *a, **k: methods)
     out = tmp_path / "out"
@@ -341,3 +341,70 @@ def test_a_shipped_draft_that_does_not_fit_the_loaded_target_is_left_out_of_all(
     args.drafters = "eagle,suffix"
     methods = compare.build_methods(args, target, tokenizer, on_error=lambda name, msg, tb: failed.append(name))
     assert [m.name for m in methods] == ["plain", "suffix"] and failed == ["eagle"]
+
+
+def test_batch_lanes_are_built_from_the_model_and_drafter_flags(monkeypatch):
+    """--batch-sizes decodes with the drafts and settings the single-sequence rows use (the model flags' folders and
+    the drafter flags), not each method's shipped draft with its defaults."""
+    import draftkit as dk
+    from draftkit.eval import bench_batch
+    from types import SimpleNamespace
+
+    args = cli.parse_args(["--drafters", "standalone,hybrid", "--draft", "zoo/draft", "--standalone-top-k", "2",
+                           "--hybrid-members", "suffix,standalone", "--batch-sizes", "4,2"])
+    cli.check_flags(args)
+    cli.check_drafters(args, cli.drafter_choices())
+    assert args.batch_size_list == [2, 4]
+    calls, made = [], {}
+    monkeypatch.setattr(dk, "lane_drafters", lambda name, target, n, path, tok, **flags:
+                        calls.append((name, n, path, flags)) or [])
+    monkeypatch.setattr(bench_batch, "run_batches", lambda *a: made.update(lanes=a[-1]) or [])
+    compare.batch_rows(args, None, [SimpleNamespace(ids=[1, 2, 3])], SimpleNamespace(write=lambda s: None), [])
+    made["lanes"]("standalone", 4)
+    made["lanes"]("hybrid", 4)
+    (name, n, path, flags), (_, _, paths, hybrid) = calls
+    assert (name, n, path, flags["top_k"]) == ("standalone", 4, "zoo/draft", 2)
+    assert paths["draft"] == "zoo/draft" and hybrid["members"] == "suffix,standalone"
+
+
+def test_repeated_batch_sizes_are_refused(capsys, no_models):
+    assert "--batch-sizes names a size twice" in usage_error(capsys, "--batch-sizes", "2,2")
+
+
+def test_a_reused_results_folder_keeps_the_earlier_run_apart(tmp_path):
+    """The earlier run's rows, report and plots move to previous-<time>/ (nothing lost, nothing mixed); other files
+    stay; an empty folder moves nothing."""
+    import os
+
+    from draftkit.eval.report import RunWriter
+
+    assert RunWriter(str(tmp_path)).moved is None
+    for name, text in (("rows.jsonl", '{"a": 1}\n'), ("compare.json", "{}"), ("speedup.png", "x"), ("notes.md", "")):
+        (tmp_path / name).write_text(text)
+    writer = RunWriter(str(tmp_path))
+    assert sorted(os.listdir(writer.moved)) == ["compare.json", "rows.jsonl", "speedup.png"]
+    assert (tmp_path / "notes.md").exists() and (tmp_path / "rows.jsonl").read_text() == ""
+    assert not (tmp_path / "speedup.png").exists()
+
+
+@pytest.mark.parametrize("kind", ["mamba", "bloom", "no weights"])
+def test_targets_draftkit_cannot_decode_are_refused_from_their_config(kind, tmp_path, capsys, no_models):
+    """A recurrent-state model, an ALiBi model or a folder without weights: one line from the config and the folder,
+    before any weights load (not a FAILED row per method after the load)."""
+    from transformers import AutoTokenizer, BloomConfig, LlamaConfig, MambaConfig
+
+    from draftkit.models import resolve
+
+    config = {"mamba": MambaConfig(num_hidden_layers=2), "bloom": BloomConfig(n_layer=2),
+              "no weights": LlamaConfig(num_hidden_layers=2)}[kind]
+    config.save_pretrained(tmp_path)
+    AutoTokenizer.from_pretrained(resolve(None, "target")).save_pretrained(tmp_path)
+    if kind != "no weights":
+        (tmp_path / "model.safetensors").write_bytes(b"")
+    says = {"mamba": "keeps recurrent state", "bloom": "ALiBi", "no weights": "holds no weights"}[kind]
+    assert says in usage_error(capsys, "--target", str(tmp_path), "--drafters", "suffix")
+
+
+def test_chat_on_a_target_without_a_chat_template_names_the_flag(capsys, no_models):
+    line = usage_error(capsys, "--chat", "--tasks", "code", "--drafters", "suffix")
+    assert line.startswith("compare.py: error: --chat: the target's tokenizer has no chat template"), line

@@ -54,6 +54,20 @@ def test_sections_resume_and_fail_one_at_a_time(tmp_path):
     assert "late" not in runs and data["a"]["status"] == "ok" and data["c"]["status"] == "skipped"
 
 
+def test_a_check_of_other_settings_is_kept_aside_and_run_again(tmp_path):
+    """A file written with other settings (--quick on a CPU, say) is moved to <out>.previous.json and nothing in it
+    counts as done for these settings."""
+    from draftkit.eval.gpu_check import Check
+
+    path = tmp_path / "check.json"
+    Check(path, set(), 60, {"device": "cpu", "quick": True}).section("a", lambda: {"x": 1})
+    runs = []
+    Check(path, set(), 60, {"device": "cpu", "quick": True}).section("a", lambda: runs.append("same"))
+    Check(path, set(), 60, {"device": "cuda", "quick": False}).section("a", lambda: runs.append("other") or {"x": 2})
+    assert runs == ["other"] and json.loads(path.read_text())["config"]["device"] == "cuda"
+    assert json.loads((tmp_path / "check.previous.json").read_text())["sections"]["a"]["result"] == {"x": 1}
+
+
 def test_family_report_counts_waits_on_the_device_path():
     """The dry run reports each drafter's waits per step through the device shim (eval/syncs.DeviceShim)."""
     from draftkit.drafters.eagle import EagleDraftModel, EagleDrafter

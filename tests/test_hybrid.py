@@ -99,21 +99,24 @@ def test_hidden_layers_are_the_union_of_the_members():
 
 def test_on_your_own_model_the_hybrid_leaves_out_the_shipped_drafts_made_for_another(caplog):
     """A target of its own shape beside the shipped family's drafts: the default hybrid keeps the members that fit,
-    saying in one line which it left out and why; a draft the user gave that does not fit is an error."""
+    saying in one line which it left out and why; members the user named, or a draft the user gave, that do not fit
+    are an error naming the member (never silently swapped)."""
     import draftkit as dk
     from draftkit.models import resolve
     from draftkit.verify.contract import DraftMismatch
 
     target = tiny_model("qwen2", seed=4)
     with caplog.at_level("WARNING", logger="draftkit"):
-        hybrid = dk.make_drafter("hybrid", target, members="suffix,eagle")
+        hybrid = dk.make_drafter("hybrid", target)
     assert [m.name for m in hybrid.members] == ["suffix", "lookahead"]
     assert any("leaves out eagle: EAGLE draft mismatch" in r.getMessage() for r in caplog.records)
     prompt = torch.arange(20) % 9
     assert generate(target, prompt, hybrid, max_new_tokens=12, eos_token_id=[]).tokens.tolist() == \
         generate(target, prompt, None, max_new_tokens=12, eos_token_id=[]).tokens.tolist()
     with pytest.raises(DraftMismatch, match="made for zoo/target"):
-        dk.make_drafter("hybrid", target, members="suffix,eagle", path={"eagle": resolve(None, "eagle")})
+        dk.make_drafter("hybrid", target, path={"eagle": resolve(None, "eagle")})
+    with pytest.raises(DraftMismatch, match="^hybrid member eagle: EAGLE draft mismatch"):
+        dk.make_drafter("hybrid", target, members="suffix,eagle")
 
 
 # ---- merging ------------------------------------------------------------------------------------

@@ -66,14 +66,25 @@ def _layer_types(cfg, source: str) -> list[str]:
 RECURRENT = ("conv", "linear_attention", "hybrid", "hybrid_sliding", "mamba", "mamba2", "recurrent")
 
 
+def config_problem(config, name: str | None = None) -> str | None:
+    """Why draftkit cannot decode a model of this config (read before any weights: a tool's early check), or None."""
+    cfg = text_config(config)
+    name = name or (getattr(config, "architectures", None) or [getattr(cfg, "model_type", "the model")])[0]
+    kinds = sorted({k for k in getattr(cfg, "layer_types", None) or () if k in RECURRENT})
+    if kinds:
+        return (f"{name} keeps recurrent state in its {', '.join(kinds)} layers, which a rejected draft would leave "
+                "advanced; draftkit rolls back key/value caches only")
+    if _alibi(cfg):
+        return f"{name} adds ALiBi position biases, which it computes from a 2D mask that a tree forward never gives it"
+    return None
+
+
 def check_kv_only(model) -> None:
     """Raise UnsupportedAttention (one line) for a model whose state is not all keys and values (module docstring)."""
     cfg = text_config(model.config)
     kinds = sorted({k for k in getattr(cfg, "layer_types", None) or () if k in RECURRENT})
     if kinds:
-        raise UnsupportedAttention(f"{type(model).__name__} keeps recurrent state in its {', '.join(kinds)} layers, "
-                                   "which a rejected draft would leave advanced; draftkit rolls back key/value "
-                                   "caches only")
+        raise UnsupportedAttention(config_problem(model.config, type(model).__name__))
     inner = model.get_base_model() if hasattr(model, "get_base_model") else model  # a PEFT model: what it wraps
     params = inspect.signature(type(inner).forward).parameters  # the class's: an instance's wrapper says nothing
     if not {"past_key_values", "cache"} & set(params):
@@ -81,8 +92,8 @@ def check_kv_only(model) -> None:
                                    "the state draftkit decodes with and rolls back")
 
 
-def _alibi(model) -> bool:
-    cfg = text_config(model.config)
+def _alibi(cfg) -> bool:
+    """A text config whose model adds ALiBi biases."""
     return bool(getattr(cfg, "alibi", False)) or getattr(cfg, "position_embedding_type", None) == "alibi" \
         or getattr(cfg, "model_type", "") in ("bloom", "mpt")
 
@@ -101,9 +112,8 @@ class AttentionLayout:
         cached = getattr(model, "_draftkit_layout", None)
         if cached is not None:
             return cached
-        if _alibi(model):
-            raise UnsupportedAttention(f"{type(model).__name__} adds ALiBi position biases, which it computes from "
-                                       "a 2D mask that a tree forward never gives it")
+        if _alibi(text_config(model.config)):
+            raise UnsupportedAttention(config_problem(model.config, type(model).__name__))
         impl = str(getattr(model.config, "_attn_implementation", None) or "")
         # FlashAttention kernels take a causal flag and padding, not a mask; flex attention given one of these masks
         # died in the heap on this CPU (torch 2.13, "corrupted size vs. prev_size"), where transformers' own runs
