@@ -306,11 +306,13 @@ class MedusaDrafter:
             return cls._finish(path, target, load_medusa_heads(path, target), tree_size, dtype)
         hidden, vocab, layers, name = _target_dims(target)
         made_for = cfg.get("target", {})
-        if (cfg["hidden_size"], cfg["vocab_size"]) != (hidden, vocab):
+        trained_layers = made_for.get("num_layers")
+        if (cfg["hidden_size"], cfg["vocab_size"]) != (hidden, vocab) or None not in (trained_layers, layers) \
+                and trained_layers != layers:
             raise DraftMismatch(
                 f"Medusa heads at {path} were trained for target {made_for.get('name', '?')} (hidden size "
-                f"{cfg['hidden_size']}, vocabulary {cfg['vocab_size']}); this target {name} has hidden size "
-                f"{hidden} and vocabulary {vocab}")
+                f"{cfg['hidden_size']}, vocabulary {cfg['vocab_size']}, {trained_layers or '?'} layers); this target "
+                f"{name} has hidden size {hidden}, vocabulary {vocab}, {layers} layers")
         if check_adapter and os.path.exists(os.path.join(path, ADAPTER_CONFIG_NAME)) \
                 and getattr(target, "_draftkit_medusa_adapter", None) != os.path.abspath(path):
             warnings.warn(f"{path} holds a Medusa-2 LoRA adapter: these heads expect the fine-tuned target. "

@@ -357,4 +357,7 @@ def build(name: str, target, path=None, tokenizer=None, **flags):
     """A drafter by name. `path`: its model / heads (None: the shipped default); for a composite
     drafter (hybrid), a {zoo folder: path} mapping for its members, e.g. {"eagle": "my/eagle"}."""
     settings = settings_for(name, **flags)
-    return REGISTRY[name].build(target, path, tokenizer, settings)
+    entry = REGISTRY[name]
+    if path and entry.default_model is None and not entry.composite:
+        raise ValueError(f"{name} drafts without a model of its own: it takes no path (got {path!r})")
+    return entry.build(target, path, tokenizer, settings)

@@ -25,7 +25,7 @@ def is_real(name) -> bool:
     return name in REAL_TARGETS or is_gguf(name)
 
 # What a run measures unless a flag says otherwise; an explicit flag always wins over a preset.
-# default: about 3 minutes on 2 CPU cores with every drafter; full: the README's table.
+# default: 4-5 minutes on 2 idle CPU cores with every drafter; full: the README's table.
 PRESETS = {
     "default": {"tasks": "code,copy,prose", "prompts": 3, "prompt_len": 192, "max_new_tokens": 80, "repeats": 2},
     "quick": {"tasks": "code,copy", "prompts": 2, "prompt_len": 192, "max_new_tokens": 32, "repeats": 1},

@@ -1,8 +1,8 @@
 """Compare drafters side by side on the same prompts, machine and run.
 
-    python eval/compare.py                               # every drafter, about 3 minutes on 2 CPU cores
+    python eval/compare.py                               # every drafter, 4-5 minutes on 2 idle CPU cores
     python eval/compare.py --quick                       # a smoke run of about a minute
-    python eval/compare.py --full --out docs/results     # the README's table (about 8 minutes)
+    python eval/compare.py --full --out docs/results     # the README's table (about 17 minutes)
     python eval/compare.py --drafters medusa,lookahead --prompts-file question.jsonl
     python eval/compare.py --tasks json                  # structured output: plain constrained decoding as baseline
     python eval/compare.py --compile                     # every method's verify forward compiled (static shapes)

@@ -58,7 +58,12 @@ def add_drafter_flags(ap) -> None:
                 continue
             kind = _kind(entry.settings, f.name)
             group.add_argument(f"--{method}-{f.name}".replace("_", "-"), dest=_dest(method, f.name), type=kind,
-                               default=None, help=f"{method}: {f.metadata.get('help', f.name)} (default: {f.default})")
+                               default=None, help=f"{method}: {with_default(f.metadata.get('help', f.name), f.default)}")
+
+
+def with_default(text: str, default) -> str:
+    """A setting's help with its default, unless the help already says it ("(default: ...)")."""
+    return text if "(default:" in text else f"{text} (default: {default})"
 
 
 def drafter_settings(args, method: str) -> dict:

@@ -408,3 +408,26 @@ def test_heldout_agreement_compares_each_head_with_the_targets_own_prediction():
             assert res["topk"][k][0] == pytest.approx(sum(text) / len(text))
             assert 0 < res["follow_positions"][k] == len(followed) < len(agree)
             assert res["follow_top1"][k] == pytest.approx(sum(followed) / max(1, len(followed)))
+
+
+def test_heads_made_for_a_target_of_another_depth_are_refused(tmp_path):
+    """Heads record the target they were trained for; one of the same width and vocabulary but other layers (a
+    truncated or other model) is refused in one line, as EAGLE drafts are, rather than drafting from features of
+    another model."""
+    from draftkit.drafters.medusa import save_medusa
+    from draftkit.verify.contract import DraftMismatch
+    from tests.models import tiny_model
+
+    trained_on, other = tiny_model("llama", layers=2), tiny_model("llama", layers=3)
+    save_medusa(str(tmp_path), MedusaHeads(32, 64, num_heads=2), [[0], [0, 0]], trained_on)
+    MedusaDrafter.from_pretrained(str(tmp_path), trained_on)
+    with pytest.raises(DraftMismatch, match="2 layers\\); this target .* 3 layers"):
+        MedusaDrafter.from_pretrained(str(tmp_path), other)
+
+
+def test_a_path_given_to_a_drafter_without_a_model_is_refused():
+    import draftkit as dk
+    from tests.models import tiny_model
+
+    with pytest.raises(ValueError, match="lookahead drafts without a model of its own: it takes no path"):
+        dk.make_drafter("lookahead", tiny_model("llama"), "/nonexistent")
