@@ -43,9 +43,12 @@ def run_batches(target, prompts, names, batch_sizes, n_new, repeats, budget, com
     """One row per (method, batch size), speedups against plain batched decoding of the same size. compile: every
     method's verify forward compiled (generate_packed). make_lanes(name, n): n lane drafters of a method (default:
     its shipped draft and default settings)."""
+    from tqdm import tqdm
+
     make_lanes = make_lanes or (lambda name, n: dk.lane_drafters(name, target, n))
     pools = {name: make_lanes(name, max(batch_sizes)) for name in names}
     rows = []
+    bar = tqdm(total=len(batch_sizes) * (repeats + 1) * (len(names) + 1), desc="batches", unit="run", delay=2)
     for b in batch_sizes:
         batch = prompts[:b]
         times = {name: [] for name in ("plain", *names)}
@@ -58,6 +61,7 @@ def run_batches(target, prompts, names, batch_sizes, n_new, repeats, budget, com
                 if rep:
                     times[name].append(time.perf_counter() - t0)
                 outs[name] = out
+                bar.update()
         base = statistics.median(times["plain"])
         for name in ("plain", *names):
             out = outs[name]
@@ -72,6 +76,7 @@ def run_batches(target, prompts, names, batch_sizes, n_new, repeats, budget, com
                                           for a, p in zip(out.outputs, outs["plain"].outputs)),
                 "kv_bytes": {"target": out.kv_bytes_used, "target_allocated": out.kv_bytes,
                              "draft": out.draft_kv_bytes, "buffers": out.buffer_bytes}})
+    bar.close()
     return rows
 
 

@@ -124,7 +124,10 @@ def main(argv=None) -> int:
         draft = load(args.draft, target).float().eval()
     except ValueError as e:  # made for another target
         ap.error(" ".join(str(e).split()))
-    t, fit = calibrate(target, draft, heldout_stream(tokenizer, args.corpus), args.prompts, args.new_tokens)
+    try:
+        t, fit = calibrate(target, draft, heldout_stream(tokenizer, args.corpus), args.prompts, args.new_tokens)
+    except ValueError as e:  # a held-out text too short for the prompts asked
+        ap.error(f"--corpus {args.corpus}: {' '.join(str(e).split())}")
     print(f"{args.draft}: tree_temperature {t} ({json.dumps(fit)})")
     if not args.dry_run:
         raw["tree_temperature"] = t

@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import ast
 import json
+import os
 import random
 from pathlib import Path
 
@@ -143,6 +144,8 @@ def main(argv=None) -> None:
     args = ap.parse_args(argv)
     if args.rows < 1:
         ap.error(f"--rows must be >= 1, got {args.rows}")
+    if os.path.isdir(args.out):
+        ap.error(f"--out {args.out} is a folder; give the JSONL file to write")
     from draftkit.files import write_text_atomically
 
     rows = build(args.rows, args.seed)

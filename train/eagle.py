@@ -226,6 +226,7 @@ def initial_draft(cfg, target):
         draft = load_eagle_draft(folder, target).float().train()
     except (OSError, ValueError) as err:
         raise TrainError(f"--init_from {cfg.init_from}: {err}") from None
+    cfg.layout = draft.config.layout  # it keeps its layout: what is printed, reported and saved says so
     want = EagleDraftModel.from_target(target, cfg.feature_layers).config.feature_layers if cfg.layout == "draftkit" \
         else make_draft(target, cfg.feature_layers, cfg.layout).config.feature_layers
     if list(draft.config.feature_layers) != list(want):
