@@ -85,3 +85,27 @@ def test_check_fails_on_an_export_that_drafts_differently(tmp_path, capsys):
     save_file(state, str(out / "model.safetensors"))
     with pytest.raises(CheckFailed, match="drafts differently from the source"):
         check_export("eagle3", src, str(out), resolve(None, "target"), torch.float16)
+
+
+def test_force_replaces_the_folder_whole_and_a_failed_export_changes_nothing(tmp_path, capsys, monkeypatch):
+    """An export is written beside --out and then put in place: --force leaves no file of the earlier export (a
+    Medusa export's tree.json beside an EAGLE-3 one would be read by an engine), and an export that fails midway
+    leaves --out as it was, with no staging folder behind."""
+    import draftkit.train.export as export_module
+
+    out, fresh = tmp_path / "exp", tmp_path / "fresh"
+    assert export_main([resolve(None, "medusa"), "--format", "medusa-original", "--out", str(out)]) == 0
+    capsys.readouterr()
+    assert "not empty (pass --force" in refused(capsys, resolve(None, "eagle3"), "--format", "vllm", "--out", str(out))
+    assert export_main([resolve(None, "eagle3"), "--format", "vllm", "--out", str(out), "--force"]) == 0
+    assert export_main([resolve(None, "eagle3"), "--format", "vllm", "--out", str(fresh)]) == 0
+    assert sorted(os.listdir(out)) == sorted(os.listdir(fresh))
+
+    def fails(*a, **k):
+        raise ValueError("disk full")
+    monkeypatch.setattr(export_module, "export_eagle", fails)
+    before = {f: (out / f).read_bytes() for f in os.listdir(out)}
+    capsys.readouterr()
+    assert "disk full" in refused(capsys, resolve(None, "eagle3"), "--format", "vllm", "--out", str(out), "--force")
+    assert {f: (out / f).read_bytes() for f in os.listdir(out)} == before
+    assert sorted(os.listdir(tmp_path)) == ["exp", "fresh"]

@@ -169,10 +169,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "d2t / t2d stay int64 / bool)")
     p.add_argument("--speculative-tokens", type=positive_int, default=None, metavar="K",
                    help="draft tokens per step written into speculators_config and the printed commands (default: "
-                        "5 for EAGLE, the number of heads for Medusa, 4 for a standalone draft, as in the README; "
-                        "at least 1, and for DFlash at most its block size - 1)")
+                        "5 for EAGLE, the number of heads for Medusa, 4 for a standalone draft, as in the README, "
+                        "and for DFlash its block size - 1, the most it can be)")
     p.add_argument("--force", action="store_true",
-                   help="write into a non-empty --out (files of the same name are replaced; default: refuse)")
+                   help="replace a non-empty --out whole, once the new export is written (default: refuse)")
     p.add_argument("--check", action="store_true",
                    help="after writing, load the folder back as draftkit's drafter and decode two prompts with it "
                         "and with the source (loads the target; about a minute for a 135M target on 2 CPU cores): "
@@ -181,13 +181,39 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def export(args) -> tuple[str, list[str], str, str]:
-    """Write the export; (message, serve commands, the draftkit method that loads it back, the target)."""
+    """Write the export into a staging folder beside --out, then put it in place: a failed export leaves --out as it
+    was, and --force replaces the folder whole (no file of an earlier export stays beside the new one)."""
+    import shutil
+
+    final = os.path.abspath(args.out)
+    if os.path.exists(final) and not os.path.isdir(final):
+        raise ExportRefused(f"--out {args.out} is a file, not a folder")
+    if os.path.isdir(final) and os.listdir(final) and not args.force:
+        raise ExportRefused(f"{args.out} exists and is not empty (pass --force to replace it)")
+    staging = f"{final}.staging-{os.getpid()}"
+    shutil.rmtree(staging, ignore_errors=True)
+    os.makedirs(staging)
+    try:
+        msg, commands, method, target = write_export(args, staging, final)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    if os.path.isdir(final):
+        old = f"{final}.replaced-{os.getpid()}"
+        os.replace(final, old)
+        os.replace(staging, final)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(staging, final)
+    return msg.replace(staging, final), commands, method, target
+
+
+def write_export(args, out: str, final: str) -> tuple[str, list[str], str, str]:
+    """Write the export into `out` (serve commands name `final`, where it will be); (message, serve commands, the
+    draftkit method that loads it back, the target)."""
     src = os.path.abspath(args.drafter)
-    out = os.path.abspath(args.out)
     if not os.path.isdir(src):
         raise FileNotFoundError(f"{args.drafter} is not a folder")
-    if os.path.isdir(out) and os.listdir(out) and not args.force:
-        raise ExportRefused(f"{args.out} exists and is not empty (pass --force to write into it)")
     dtype = DTYPES[args.dtype]
     if args.target:  # a named real target (smollm2-135m) or a GGUF file: its converted folder, as everywhere else
         from draftkit.models import resolve
@@ -228,6 +254,7 @@ def export(args) -> tuple[str, list[str], str, str]:
             raise ExportRefused(f"--speculative-tokens {args.speculative_tokens}: {args.drafter} drafts a block of "
                                 f"{block} (the root and {block - 1} masked positions), so at most {block - 1} tokens "
                                 "a step")
+        k = args.speculative_tokens or block - 1  # DFlash drafts its whole block a step
         msg = export_dflash(draft, args.format, out, model, dtype, target_name=target,
                             target_architectures=_architectures(target))
         eagle3 = False
@@ -245,7 +272,7 @@ def export(args) -> tuple[str, list[str], str, str]:
         msg = export_standalone(src, args.format, out, target, dtype)
         eagle3 = False
     method = "eagle3" if kind == "eagle" and eagle3 else kind  # the draftkit drafter that loads the folder back
-    return f"wrote {args.out}: {msg}", serve_commands(kind, args.format, out, target, eagle3, k), method, target
+    return f"wrote {args.out}: {msg}", serve_commands(kind, args.format, final, target, eagle3, k), method, target
 
 
 def main(argv=None) -> int:

@@ -171,6 +171,9 @@ class Loop:
 
         cfg, n = self.cfg, self.acc.num_processes  # accelerate steps a prepared scheduler once per process
         warmup = cfg.warmup_steps or int(cfg.warmup_ratio * cfg.max_steps)
+        if warmup * 2 > cfg.max_steps:  # a recipe's warmup on a shortened run: said, not silently a near-zero lr
+            self.acc.print(f"warning: warmup of {warmup} steps in a run of {cfg.max_steps}: the learning rate stays "
+                           f"below its peak for most of it (--warmup_steps sets it)")
         extra = {"min_lr_rate": cfg.min_lr_ratio} if cfg.lr_scheduler_type == "cosine_with_min_lr" else None
         try:
             return get_scheduler(cfg.lr_scheduler_type, opt, num_warmup_steps=warmup * n,
