@@ -13,7 +13,8 @@ Together, the lanes' contexts are the rows of one ContextCache and one forward r
 
 A lane that does not draft this step keeps its new entries for later; its row runs on padding and its output
 is dropped. Each block position's distribution depends on its own row only, so every lane's tree is the one
-it would draft alone.
+it would draft alone. With compile_draft the contexts live in fixed-size buffers instead and the forward has static
+shapes (drafters/dflash_static.py); the trees are the same.
 """
 from __future__ import annotations
 

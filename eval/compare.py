@@ -131,7 +131,7 @@ def run(args, target_path, tok, tasks, notes, started: float) -> int:
     from tqdm import tqdm
 
     import draftkit as dk
-    from draftkit.eval.cli import DTYPES
+    from draftkit.eval.target_checks import DTYPES
     from draftkit.eval.measure import measure, warm_up
     from draftkit.eval.noise import Probe, timing_warnings
     from draftkit.eval.report import RunWriter, format_table, log_wandb, machine_line, quiet_warnings

@@ -373,7 +373,7 @@ def test_recipe_values_of_the_wrong_type_and_typos_name_the_file(tmp_path, capsy
     from draftkit.train.prepare_data import PrepareConfig
 
     cases = [(EagleTrainConfig, "max_steps: 2.5\n", "max_steps must be an integer, got 2.5"),
-             (EagleTrainConfig, "feature_layers: [1, x]\n", "feature_layers must be a list of an integer or auto"),
+             (EagleTrainConfig, "feature_layers: [1, x]\n", "feature_layers must be a list of integers or auto"),
              (PrepareConfig, "train_rowz: 8\nlr: 0.1\n", "unknown key 'train_rowz' (did you mean 'train_rows'?)")]
     for i, (cls, text, says) in enumerate(cases):
         recipe = tmp_path / f"r{i}.yaml"

@@ -200,8 +200,11 @@ def load_recipe(path: str, cls, ignore_unknown: bool = False) -> dict:
         data = {k: v for k, v in data.items() if k in names}
         unknown = [k for k in unknown if k not in recipe_keys()]
         names = sorted(set(names) | recipe_keys())
+    import typing
+
+    types_of, autos = typing.get_type_hints(cls), {f.name for f in dataclasses.fields(cls) if f.metadata.get("auto")}
     wrong = [problem for key, value in data.items() if key in names
-             for problem in [type_problem(key, value, hints(cls).get(key), auto=key in autos(cls))] if problem]
+             for problem in [type_problem(key, value, types_of.get(key), auto=key in autos)] if problem]
     if wrong:
         raise ValueError(f"{path}: {'; '.join(wrong)}")
     if unknown:
@@ -214,21 +217,14 @@ def load_recipe(path: str, cls, ignore_unknown: bool = False) -> dict:
     return data
 
 
-def hints(cls) -> dict:
-    import typing
-
-    return typing.get_type_hints(cls)
-
-
-def autos(cls) -> set[str]:
-    return {f.name for f in dataclasses.fields(cls) if f.metadata.get("auto")}
-
-
 def type_problem(key: str, value, tp, auto: bool = False) -> str | None:
     """What is wrong with a YAML value for a field of type `tp` (None: fine, or a type this does not check)."""
+    import types
     import typing
 
     def fits(v, t) -> bool:
+        if t is type(None):
+            return v is None
         if t is bool:
             return isinstance(v, bool)
         if t is int:
@@ -239,14 +235,15 @@ def type_problem(key: str, value, tp, auto: bool = False) -> str | None:
             return isinstance(v, str)
         if typing.get_origin(t) is list:
             return isinstance(v, list) and all(fits(x, typing.get_args(t)[0]) for x in v)
-        if typing.get_origin(t) in (typing.Union, getattr(__import__("types"), "UnionType", None)):
+        if typing.get_origin(t) in (typing.Union, types.UnionType):  # Optional[X], X | None
             return any(fits(v, a) for a in typing.get_args(t))
         return True
     if tp is None or fits(value, tp) or (auto and value == AUTO):
         return None
-    names = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}
-    want = names.get(tp) or (f"a list of {names.get(typing.get_args(tp)[0], 'items')}"
-                             if typing.get_origin(tp) is list else str(tp))
+    one = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}
+    many = {bool: "true / false values", int: "integers", float: "numbers", str: "strings"}
+    want = one.get(tp) or (f"a list of {many.get(typing.get_args(tp)[0], 'items')}" if typing.get_origin(tp) is list
+                           else str(tp).replace("typing.", ""))
     return f"{key} must be {want}{' or auto' if auto else ''}, got {value!r}"
 
 
