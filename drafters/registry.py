@@ -99,8 +99,8 @@ class HybridSettings(BudgetSettings):
     max_nodes: int = _knob(24, "most nodes of the merged tree per step (each member keeps its own cap too)")
     members: str = _knob("auto", "comma list of the drafters whose trees it merges, two or more, each used as named "
                                  "(a draft that does not fit the target is an error); auto: suffix and EAGLE as they "
-                                 "fit the target (on a real target its shipped EAGLE-3; without a fitting draft, "
-                                 "lookahead)")
+                                 "fit the target (EAGLE-3 when its draft is given or, on a real target, shipped; "
+                                 "without a fitting draft, lookahead)")
     min_chance: float = _knob(0.01, "nodes whose calibrated chance of being reached is below this (greedy: or "
                                     "below the step's own floor, when the controller gives one) are not verified, "
                                     "in [0, 1)")
@@ -239,15 +239,18 @@ def _lookahead(target, path, tokenizer, s: LookaheadSettings):
 
 
 def available_members(target, names: list[str], paths: dict) -> list[str]:
-    """A hybrid's members on a named real target: an EAGLE-2 member whose draft is not given becomes its EAGLE-3
-    sibling when that is shipped for the target (the pairing measured on it, docs/real-models.md); any other
-    member whose draft is not shipped (and not given) is left out; lookahead makes up two."""
+    """The default (`auto`) hybrid's members: an EAGLE-2 member whose draft is not given becomes its EAGLE-3 sibling
+    when an EAGLE-3 draft is given, or shipped for a named real target (the pairing measured on it,
+    docs/real-models.md); on a real target any other member whose draft is not shipped (and not given) is left out;
+    lookahead makes up two."""
     from draftkit import zoo
     from draftkit.gguf import real_name
 
+    names = ["eagle3" if n in ("eagle", "eagle-chain") and paths.get("eagle3") and not paths.get("eagle") else n
+             for n in names]
     family = real_name(target)
     if family is None:
-        return names
+        return two_or_more(names)
     shipped = zoo.shipped_for(family)
     out = []
     for n in names:

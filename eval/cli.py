@@ -285,6 +285,8 @@ def check_drafters(args, choices) -> None:
     running = set(args.drafter_names)  # with a hybrid's members, which the model flags may feed
     for name in set(args.drafter_names) & set(REGISTRY):
         running.update(uses(name, **drafter_settings(args, name)))
+        if REGISTRY[name].composite and drafter_settings(args, name).get("members", "auto") == "auto" and args.eagle3:
+            running.add("eagle3")  # the default members take a given EAGLE-3 draft (drafters.registry.available_members)
     for flag, users in MODEL_FLAGS.items():
         if getattr(args, flag[2:]) is not None and not set(users) & running:
             raise UsageError(f"{flag} is given but --drafters ({', '.join(args.drafter_names)}) has no "

@@ -321,3 +321,19 @@ def test_a_new_sequence_carries_the_calibration_over_as_a_few_observations():
         kept.observe(0, 2, 0, accepted=True)
     assert cal.chance(0, 2, 0) > 0.5 > 0.25 > kept.chance(0, 2, 0)
     assert cal.chance(1, 2, 0) == kept.chance(1, 2, 0) == 0.5  # no evidence: untouched
+
+
+def test_the_default_members_take_a_given_eagle3_draft():
+    """members auto: suffix and EAGLE-2, or EAGLE-3 when its draft is given (as on a real target whose shipped draft
+    is EAGLE-3); compare.py then accepts --eagle3 beside --drafters hybrid instead of calling the flag unused."""
+    import draftkit as dk
+    from draftkit.eval import cli
+    from draftkit.models import resolve
+
+    target = dk.load_model()
+    assert [m.name for m in dk.make_drafter("hybrid", target).members] == ["suffix", "eagle"]
+    given = dk.make_drafter("hybrid", target, path={"eagle3": resolve(None, "eagle3")})
+    assert [m.name for m in given.members] == ["suffix", "eagle3"]
+    args = cli.parse_args(["--drafters", "hybrid", "--eagle3", resolve(None, "eagle3")])
+    cli.check_flags(args)
+    cli.check_drafters(args, cli.drafter_choices())  # no "--eagle3 is given but ... has no eagle3"
