@@ -127,11 +127,10 @@ def drafter_path(args, name: str):
 
 def run(args, target_path, tok, tasks, notes, started: float) -> int:
     """Load, measure, write. 0: every row measured; 1: something failed (FAILED rows); 130: interrupted."""
-    import torch
     from tqdm import tqdm
 
     import draftkit as dk
-    from draftkit.eval.target_checks import DTYPES
+    from draftkit.eval.target_checks import torch_dtype
     from draftkit.eval.measure import measure, warm_up
     from draftkit.eval.noise import Probe, timing_warnings
     from draftkit.eval.report import RunWriter, format_table, log_wandb, machine_line, quiet_warnings
@@ -157,7 +156,7 @@ def run(args, target_path, tok, tasks, notes, started: float) -> int:
 
     try:
         with quiet_warnings() as warned:
-            target = dk.load_model(target_path, dtype=getattr(torch, DTYPES[args.dtype])).to(args.device)
+            target = dk.load_model(target_path, dtype=torch_dtype(args.dtype)).to(args.device)
             report["target_params"] = sum(p.numel() for p in target.parameters())
             report["target_placement"] = f"{args.dtype} on {args.device}"
             follow_up(args, target, tok, tasks)

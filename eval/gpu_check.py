@@ -43,13 +43,14 @@ import torch  # noqa: E402
 
 import draftkit as dk  # noqa: E402
 from draftkit.eval.check_file import Check  # noqa: E402
+from draftkit.eval.target_checks import torch_dtype  # noqa: E402
 from draftkit.eval.divergence import first_divergence  # noqa: E402
 from draftkit.eval.syncs import DeviceShim, SyncCounter  # noqa: E402
 from draftkit.verify.tree_probe import probe_tree_attention  # noqa: E402
 from draftkit.verify.precision import set_tf32, tf32_matmul  # noqa: E402
 from draftkit.verify.timing import synchronize  # noqa: E402
 
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+DTYPES = ("fp32", "bf16")  # eval/target_checks.torch_dtype names them
 PROMPTS_FILE = Path(__file__).resolve().parent / "prompts" / "other_code.jsonl"
 
 
@@ -406,7 +407,7 @@ def main(argv=None) -> int:
 def run_sections(check: Check, device, dtypes: list[str], args, samples: int) -> None:
     check.section("env", lambda: env(device))
     for name in dtypes:
-        dtype = DTYPES[name]
+        dtype = torch_dtype(name)
         check.section(f"zoo-{name}", lambda: zoo_section(device, dtype, args))
         check.section(f"llama1b-{name}", lambda: llama_section(device, dtype, args))
         check.section(f"sampled-{name}", lambda: sampled_check(device, dtype, samples))

@@ -71,7 +71,11 @@ def placement(device: str, dtype: str, path: str) -> tuple[str, str]:
     return device, dtype
 
 
-DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+def torch_dtype(name: str):
+    """The torch dtype of a precision's short name (fp32, bf16, fp16), as --dtype and gpu_check's --dtypes take it."""
+    import torch
+
+    return {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[name]
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
 WEIGHTS = ("*.safetensors", "pytorch_model*.bin", "*.pt", "*.gguf")
 
