@@ -153,11 +153,14 @@ class MedusaDrafter:
     heads: MedusaHeads; tree_choices: paths of top-k ranks (see `build_tree_choices`).
     sampling: the decoding's Sampling, whose top-k / top-p sampled q then gets too. Sampled draws
     come from the run's generator (DecodeState.generator: the seed given to generate).
+    compile_draft: the heads compiled with static shapes (drafters/medusa_static.py), their graphs compiled when
+    a sequence or a batch's lanes start.
     """
 
     hidden_layers: tuple[int, ...] = (-1,)  # the final hidden state (after the final norm)
 
-    def __init__(self, target, heads: MedusaHeads, tree_choices, accuracies=None, sampling=None):
+    def __init__(self, target, heads: MedusaHeads, tree_choices, accuracies=None, sampling=None,
+                 compile_draft: bool = False):
         hidden, vocab, _, name = _target_dims(target)
         if (heads.hidden_size, heads.vocab_size) != (hidden, vocab):
             raise ValueError(f"Medusa heads (hidden size {heads.hidden_size}, vocabulary {heads.vocab_size}) do not "
@@ -168,6 +171,7 @@ class MedusaDrafter:
             heads.attach_lm_head(target.get_output_embeddings())
         self.accuracies = accuracies
         self.sampling = sampling
+        self.compile_draft = compile_draft
         self.set_tree(tree_choices)
         self.reset(None)
 
@@ -204,14 +208,32 @@ class MedusaDrafter:
 
     # -- Drafter protocol
     def reset(self, prompt: torch.Tensor | None) -> None:
+        from draftkit.verify.lanes import lanes_forming
+
         self.hidden = None  # (H,) final hidden state at the position that produced the root
+        if prompt is not None and not lanes_forming():  # a batch's lanes compile their group's graphs instead
+            self.warm()
+
+    def warm(self, rows: int = 1) -> None:
+        """compile_draft: the heads' graphs for `rows` lanes now, before any step is timed."""
+        if self.compile_draft:
+            from draftkit.drafters.medusa_static import warm
+
+            warm(self.heads, rows, *self.heads_place())
 
     @torch.no_grad()
     def propose(self, state: DecodeState) -> DraftTree:
         depth = self.wants(state)
         if not depth:
             return DraftTree.empty(state.tokens.device)
-        return self.tree(self.heads(self.hidden_on_heads()[None], depth)[:, 0], state)
+        return self.tree(self.head_logits(self.hidden_on_heads()[None], depth)[:, 0], state)
+
+    def head_logits(self, hidden: torch.Tensor, n: int, rows: int | None = None) -> torch.Tensor:
+        """(n, L, V): the first n heads on the lanes' hidden states (L, H), compiled when compile_draft (padded
+        to the graph of `rows` lanes)."""
+        from draftkit.drafters.medusa_static import head_logits
+
+        return head_logits(self.heads, hidden, n, self.compile_draft, rows)
 
     def wants(self, state: DecodeState) -> int:
         """How many heads this step's tree needs (0: no tree)."""
@@ -223,8 +245,14 @@ class MedusaDrafter:
 
     def hidden_on_heads(self) -> torch.Tensor:
         """(H,) the root's hidden state, on the heads' device and in their dtype."""
+        return self.hidden.to(*self.heads_place())
+
+    def heads_place(self) -> tuple[torch.device, torch.dtype]:
+        """Where the heads run and in what dtype: their weights', or the target's LM head's when they have none
+        (shared projection, no residual blocks)."""
         p = next(self.heads.parameters(), None)
-        return self.hidden.to(p.device, p.dtype) if p is not None else self.hidden
+        p = p if p is not None else self.target.get_output_embeddings().weight
+        return p.device, p.dtype
 
     def tree(self, logits: torch.Tensor, state: DecodeState) -> DraftTree:
         """The step's tree from the heads' logits (at least `wants(state)` heads, (n, V))."""
@@ -246,7 +274,8 @@ class MedusaDrafter:
     def lane(self) -> "MedusaDrafter":
         """A drafter for another lane of a batch: the same heads (shared, so the lanes run them together) and
         tree, a state of its own."""
-        return MedusaDrafter(self.target, self.heads, self.tree_choices, self.accuracies, self.sampling)
+        return MedusaDrafter(self.target, self.heads, self.tree_choices, self.accuracies, self.sampling,
+                             self.compile_draft)
 
     @classmethod
     def draft_lanes(cls, drafters: list):
@@ -289,10 +318,11 @@ class MedusaDrafter:
 
     @classmethod
     def from_pretrained(cls, path: str, target, tree_size: int | None = None, dtype: torch.dtype | None = None,
-                        check_adapter: bool = True) -> "MedusaDrafter":
+                        check_adapter: bool = True, compile_draft: bool = False) -> "MedusaDrafter":
         """Load a saved folder for `target`. tree_size: rebuild the tree from the saved accuracies.
 
         dtype: heads' dtype (default: the target's, but float32 for a half-precision target on CPU).
+        compile_draft: the heads compiled (see the class).
         """
         path = str(path)
         cfg_path = os.path.join(path, CONFIG_NAME)
@@ -303,7 +333,7 @@ class MedusaDrafter:
         if cfg.get("model_type") != MODEL_TYPE:  # vLLM's or FasterDecoding's layout (drafters/formats.py)
             from draftkit.drafters.formats import load_medusa_heads
 
-            return cls._finish(path, target, load_medusa_heads(path, target), tree_size, dtype)
+            return cls._finish(path, target, load_medusa_heads(path, target), tree_size, dtype, compile_draft)
         hidden, vocab, layers, name = _target_dims(target)
         made_for = cfg.get("target", {})
         trained_layers = made_for.get("num_layers")
@@ -327,10 +357,10 @@ class MedusaDrafter:
         if missing or unexpected:
             raise ValueError(f"{path}/{WEIGHTS_NAME} does not match its config: missing {missing}, "
                              f"unexpected {unexpected}")
-        return cls._finish(path, target, heads, tree_size, dtype)
+        return cls._finish(path, target, heads, tree_size, dtype, compile_draft)
 
     @classmethod
-    def _finish(cls, path: str, target, heads: MedusaHeads, tree_size, dtype) -> "MedusaDrafter":
+    def _finish(cls, path: str, target, heads: MedusaHeads, tree_size, dtype, compile_draft: bool) -> "MedusaDrafter":
         """Heads to the target's device and dtype; the tree from tree.json or from (default) accuracies."""
         tdtype = next(target.parameters()).dtype
         tdev = next(target.parameters()).device
@@ -347,7 +377,7 @@ class MedusaDrafter:
         if tree_size is not None or choices is None:
             choices = build_tree_choices(accuracies or default_accuracies(heads.num_heads),
                                          tree_size if tree_size is not None else 64)
-        return cls(target, heads, choices, accuracies=accuracies)
+        return cls(target, heads, choices, accuracies=accuracies, compile_draft=compile_draft)
 
 
 def save_medusa(path: str, heads: MedusaHeads, tree_choices, target=None, accuracies=None,

@@ -5,7 +5,9 @@ projection of one row, so at batch 8 the projections' weights (4 x 8192 x 192 fo
 eight times a step and the heads cost more than the tokens they win. Together, the drafting lanes' hidden states
 are stacked, (L, H), and each head runs once over them: one matrix product reads its weights once. Only the
 heads the deepest lane's tree needs run. Each lane then builds its own tree from its row of the logits, exactly
-as it would alone (the same layout, the same ranks or draws), so the trees are the lanes' own (tested).
+as it would alone (the same layout, the same ranks or draws), so the trees are the lanes' own (tested). With
+compile_draft the rows are padded to the group's size, whose graphs compile when the group forms
+(drafters/medusa_static.py).
 """
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ class MedusaLanes:
 
     def __init__(self, drafters: list):
         self.drafters = drafters
+        drafters[0].warm(len(drafters))  # compile_draft: every graph of this group, before the first step
 
     @torch.no_grad()
     def propose(self, states: list[DecodeState | None]) -> list[DraftTree]:
@@ -28,7 +31,7 @@ class MedusaLanes:
         if not rows:
             return trees
         hidden = torch.stack([self.drafters[r].hidden_on_heads() for r in rows])  # (L, H)
-        logits = self.drafters[rows[0]].heads(hidden, max(depth[r] for r in rows))  # (n, L, V)
+        logits = self.drafters[0].head_logits(hidden, max(depth[r] for r in rows), len(self.drafters))  # (n, L, V)
         for i, r in enumerate(rows):
             trees[r] = self.drafters[r].tree(logits[:, i], states[r])
         return trees

@@ -44,14 +44,18 @@ class ModelDraftSettings(BudgetSettings):
         check_draft_dtype(self.draft_dtype)
 
 
+def _compile_knob():
+    return _knob(False, "run the draft's own forwards (Medusa: its heads) compiled with static shapes (rows "
+                        "padded to a bucket, fixed-size buffers; CUDA graphs on a GPU); each shape compiles once, "
+                        "when a sequence or a batch's lanes start (past a buffer's size: on first use), said in one "
+                        "line; compare.py --compile turns it on")
+
+
 @dataclass
 class CompilableDraftSettings(ModelDraftSettings):
     """The methods whose draft forwards can run on static shapes, compiled: the shared draft path (verify/tree.py
     run_model) for EAGLE, P-EAGLE and the standalone draft, DFlash's static block (drafters/dflash_static.py)."""
-    compile_draft: bool = _knob(False, "run the draft's own forwards compiled with static shapes (a bucket of rows "
-                                       "per lane, a fixed-size KV buffer; CUDA graphs on a GPU); each shape compiles "
-                                       "once, on its first use, and says so in one line; compare.py --compile turns "
-                                       "it on")
+    compile_draft: bool = _compile_knob()
 
 
 @dataclass
@@ -80,7 +84,7 @@ class ParallelSettings(CompilableDraftSettings):
 
 @dataclass
 class MedusaSettings(BudgetSettings):
-    pass
+    compile_draft: bool = _compile_knob()  # the heads (drafters/medusa_static.py)
 
 
 @dataclass
@@ -227,7 +231,7 @@ def _medusa(target, path, tokenizer, s: MedusaSettings):
     from draftkit.drafters.medusa import MedusaDrafter
 
     drafter = MedusaDrafter.from_pretrained(resolve(path, "medusa" if path else shipped_name(target, "medusa")), target,
-                                            tree_size=s.max_nodes)
+                                            tree_size=s.max_nodes, compile_draft=s.compile_draft)
     drafter.budget_cap.max_depth = min(drafter.budget_cap.max_depth, s.max_depth)
     return drafter
 
@@ -270,8 +274,8 @@ def two_or_more(names: list[str]) -> list[str]:
 
 def compiled_flag(name: str, s) -> dict:
     """{"compile_draft": True} when `s` asks for compiled draft forwards and method `name` has them."""
-    return {"compile_draft": True} if s.compile_draft and issubclass(REGISTRY[name].settings,
-                                                                     CompilableDraftSettings) else {}
+    fields = {f.name for f in dataclasses.fields(REGISTRY[name].settings)}
+    return {"compile_draft": True} if s.compile_draft and "compile_draft" in fields else {}
 
 
 def _hybrid(target, paths, tokenizer, s: HybridSettings):

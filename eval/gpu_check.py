@@ -18,8 +18,9 @@ matplotlib or scipy). Sections, each written to --out as soon as it finishes:
   hf-<dtype>          transformers' generate on the 1B model, eager and with a static cache and a compiled
                       forward (the fastest plain decoding a user can have), tokens/s and identical output
   compile-<dtype>     draftkit with compile=True (the compiled static-shaped verify forward, every bucket of the
-                      run compiled first: compile_s) for plain decoding, a standalone draft's tree, an EAGLE tree
-                      and a DFlash tree, the drafts' own forwards compiled too (compile_draft): identical output
+                      run compiled first: compile_s) for plain decoding, a standalone draft's tree, an EAGLE tree,
+                      a DFlash tree and Medusa heads' tree, the drafts' own forwards (and heads) compiled too
+                      (compile_draft): identical output
                       against compiled plain decoding, tokens/s and speedups over it
 
 dtypes: fp32 and bf16. A rerun with the same --out skips the sections already "ok" (resumable); --redo NAME
@@ -310,12 +311,14 @@ def hf_section(device, dtype, args) -> dict:
 def compile_section(device, dtype, args) -> dict:
     """compile=True: the compiled verify forward (every bucket a step of up to 8 rows meets, with and without
     hidden states) and the drafts' own compiled forwards (compile_draft: a random standalone draft's top-k tree, a
-    random EAGLE draft's tree and a random DFlash draft's on its static context buffer, each draft's buckets compiled
-    when it is first given a prompt). Greedy output
+    random EAGLE draft's tree, a random DFlash draft's on its static context buffer and Medusa heads on the target's
+    LM head, each draft's graphs compiled when it is first given a prompt). Greedy output
     against compiled plain decoding, the seconds spent compiling, tokens/s and speedups over compiled plain
     decoding."""
     from draftkit.drafters.dflash import DFlashDrafter, make_dflash_draft
     from draftkit.drafters.eagle import EagleDraftModel, EagleDrafter
+    from draftkit.drafters.medusa import MedusaDrafter, MedusaHeads
+    from draftkit.drafters.medusa_tree import build_tree_choices, default_accuracies
     from draftkit.drafters.standalone import StandaloneDrafter
     from draftkit.verify.forward import warm_compiled
     from draftkit.verify.packed import static_capacity
@@ -325,10 +328,15 @@ def compile_section(device, dtype, args) -> dict:
     small = small_llama(target, device, dtype)
     eagle = EagleDraftModel.from_target(target).to(device)
     dflash = make_dflash_draft(target, block_size=4, mask_token_id=0, draft_layers=1)
+    cfg = target.config
+    heads = MedusaHeads(cfg.hidden_size, cfg.vocab_size, 3, share_lm_head=True).to(device, dtype)
+    heads.attach_lm_head(target.get_output_embeddings())
     # trees of up to 6 nodes: verify steps of up to 8 rows (buckets 1, 2, 4, 8), so the compiles fit the check
     makers = {"standalone": lambda: StandaloneDrafter(small, max_depth=3, top_k=2, max_nodes=6, compile_draft=True),
               "eagle": lambda: EagleDrafter(target, eagle, max_depth=3, top_k=2, max_nodes=6, compile_draft=True),
-              "dflash": lambda: DFlashDrafter(target, dflash, max_depth=3, top_k=2, max_nodes=6, compile_draft=True)}
+              "dflash": lambda: DFlashDrafter(target, dflash, max_depth=3, top_k=2, max_nodes=6, compile_draft=True),
+              "medusa": lambda: MedusaDrafter(target, heads, build_tree_choices(default_accuracies(3), 6),
+                                              compile_draft=True)}
     prompts = repetitive_prompts(target.config.vocab_size, args.prompts, args.prompt_len)
     t0 = time.perf_counter()  # every bucket of this run, on a buffer as large as the longest prompt needs
     buckets = warm_compiled(target, static_capacity(max(map(len, prompts)), 1, args.max_new_tokens, 6), 8,
