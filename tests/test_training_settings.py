@@ -82,6 +82,20 @@ def test_recipe_values_of_the_wrong_type_and_typos_name_the_file(tmp_path, capsy
     assert parse_config(PrepareConfig, ["--config", str(tmp_path / "ok.yaml")]).train_rows == 8
 
 
+def test_prepare_data_help_lists_the_data_flags_only_yet_takes_the_training_ones(capsys):
+    """prepare_data's --help lists what shapes the data (corpus, seq_len, regen_*, layers) and not the training loop's
+    settings, which it still takes (a shared recipe or a copied command line sets them) and ignores."""
+    from draftkit.train.config import parse_config
+    from draftkit.train.prepare_data import PrepareConfig
+
+    with pytest.raises(SystemExit):
+        parse_config(PrepareConfig, ["--help"])
+    listed = capsys.readouterr().out
+    assert all(f"--{k}" in listed for k in ("corpus", "seq_len", "regen_max_new_tokens", "layers", "cache_dir"))
+    assert not any(f"--{k} " in listed for k in ("lr", "max_steps", "batch_size", "wandb", "eval_every", "seed"))
+    assert parse_config(PrepareConfig, ["--lr", "0.5", "--max_steps", "3", "--seq_len", "64"]).seq_len == 64
+
+
 def test_output_folders_that_are_not_a_runs_are_refused(tmp_path, capsys):
     from draftkit.train.config import parse_config
     from draftkit.train.draft import DraftConfig

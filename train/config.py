@@ -271,6 +271,9 @@ def parse_config(cls, argv=None, description: str = "", prog: str | None = None)
     # no abbreviations: `--max_step 5` taken as --max_steps hides a typo; it is named below like any unknown flag
     parser = RecipeParser(cls, prog=prog, description=description, formatter_class=_Formatter, allow_abbrev=False)
     parser.add_argument("--config", help="YAML recipe under recipes/ (its keys are the flags below; flags win)")
+    for action in parser._actions:  # a class's `unused_flags`: accepted (a shared recipe sets them), not listed
+        if action.dest in getattr(cls, "unused_flags", ()):
+            action.help = argparse.SUPPRESS
     pre, _ = _config_flag.parse_known_args(argv)
     if pre.config:
         from draftkit.resources import recipe_path

@@ -4,13 +4,14 @@ says so) and the target's hidden states at the layers given, stored under cache_
     python train/prepare_data.py --config recipes/eagle/eagle3_reference.yaml --layers 2 12 21 -1
 
 Every recipe with the same data settings (corpus, seq_len, regen_*) and target then reads what is stored instead
-of running the target; a killed run resumes at its last complete shard.
+of running the target; a killed run resumes at its last complete shard. A recipe's training settings (lr,
+max_steps, batch_size, ...) are read from --config or the command line and not used here, so they are not listed.
 """
 from __future__ import annotations
 
 import os
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -20,12 +21,16 @@ from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
 
 from draftkit.train.config import AUTO, auto_layers, auto_or_list, field, parse_config, resolve_model  # noqa: E402
 from draftkit.train.loop import cli  # noqa: E402
+from draftkit.train.config import TrainConfig  # noqa: E402
 from draftkit.train.targetdata import TargetDataConfig, target_data  # noqa: E402
+
+DATA_FIELDS = {"corpus", "text_column", "cache_dir", "seq_len", "output_dir"}  # TrainConfig's fields the data reads
 
 
 @dataclass
 class PrepareConfig(TargetDataConfig):
     reads_other_recipes = True  # a recipe YAML holds keys this script does not use (lr, ...): only its data fields
+    unused_flags = frozenset(f.name for f in fields(TrainConfig)) - DATA_FIELDS  # taken, not listed in --help
     target: str = field("default", "target model (a folder, a hub id, or default: the shipped target)")
     layers: list[int] = field([-1], "hidden_states indices to store (0 = embeddings, -1 = the last); the last is "
                                     "always stored; auto = EAGLE-3's three from the target's config, (2, L//2, L-3), "
