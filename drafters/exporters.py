@@ -185,7 +185,7 @@ def export_medusa(path: str, fmt: str, out: str, target, dtype: torch.dtype = to
     tree = os.path.join(path, "tree.json")
     if os.path.exists(tree):
         shutil.copy(tree, os.path.join(out, "tree.json"))
-    note = "; it holds a Medusa-2 LoRA adapter: serve the LoRA-merged target" if has_adapter(path) else ""
+    note = "; it holds a Medusa-2 LoRA adapter: serve it with the LoRA-merged target" if has_adapter(path) else ""
     head = "shared" if heads.share_lm_head else "own"
     return f"Medusa heads ({n} heads, {L} layer(s), {head} LM head) as {fmt}{note}"
 

@@ -109,3 +109,33 @@ def test_force_replaces_the_folder_whole_and_a_failed_export_changes_nothing(tmp
     assert "disk full" in refused(capsys, resolve(None, "eagle3"), "--format", "vllm", "--out", str(out), "--force")
     assert {f: (out / f).read_bytes() for f in os.listdir(out)} == before
     assert sorted(os.listdir(tmp_path)) == ["exp", "fresh"]
+
+
+def test_a_medusa2_export_writes_the_merged_target_its_serve_command_names(tmp_path, capsys):
+    """Medusa-2 heads read the LoRA-fine-tuned target: the serve command names a placeholder for it unless
+    --merged-target writes it (the adapter merged in: its logits are the merged model's, not the base target's);
+    --merged-target for heads without an adapter, or into a folder in use, is refused before anything loads."""
+    from draftkit.drafters.medusa import load_target_with_adapter
+    from draftkit.models import load_model
+
+    src, base = resolve(None, "medusa2"), resolve(None, "target")
+    assert export_main([src, "--format", "vllm", "--out", str(tmp_path / "a")]) == 0
+    printed = capsys.readouterr().out
+    assert "pass --merged-target DIR" in printed and "vllm serve MERGED_TARGET_DIR " in printed, printed
+    merged_dir = tmp_path / "merged"
+    assert export_main([src, "--format", "vllm", "--out", str(tmp_path / "b"), "--merged-target", str(merged_dir),
+                        "--dtype", "float32"]) == 0
+    vllm = next(line for line in capsys.readouterr().out.splitlines() if line.strip().startswith("vllm serve"))
+    assert vllm.split()[2] == str(merged_dir), vllm
+    ids = torch.tensor([[5, 6, 7, 8]])
+    with torch.no_grad():
+        written = load_model(str(merged_dir))(ids).logits
+        merged = load_target_with_adapter(src, load_model(base))(ids).logits
+        plain = load_model(base)(ids).logits
+    assert torch.allclose(written, merged, atol=1e-5) and not torch.allclose(written, plain, atol=1e-3)
+    capsys.readouterr()  # the loads' progress bars
+    assert "holds no Medusa-2 LoRA adapter" in refused(capsys, resolve(None, "medusa"), "--format", "vllm", "--out",
+                                                       str(tmp_path / "c"), "--merged-target", str(tmp_path / "m"))
+    assert "exists and is not empty" in refused(capsys, src, "--format", "vllm", "--out", str(tmp_path / "c"),
+                                                "--merged-target", str(merged_dir))
+    assert not (tmp_path / "c").exists() and not (tmp_path / "m").exists()

@@ -43,6 +43,7 @@ import torch  # noqa: E402
 
 from draftkit.drafters.exporters import FORMATS, export_eagle, export_medusa, export_standalone, kind_of  # noqa: E402
 from draftkit.drafters.formats import TOKEN_MAP, ExportRefused, detect, load_eagle_draft, read_config  # noqa: E402
+from draftkit.drafters.medusa import has_adapter  # noqa: E402
 
 DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
 
@@ -147,6 +148,39 @@ def positive_int(text: str) -> int:
     return value
 
 
+MERGED_PLACEHOLDER = "MERGED_TARGET_DIR"  # what the serve commands name when a Medusa-2 target was not written
+
+
+def merged_target_problem(args) -> None:
+    """--merged-target is for a Medusa-2 folder only, and writes into an empty or new folder (or --force): refused in
+    one line before anything loads."""
+    d = args.merged_target
+    if d is None:
+        return
+    if not has_adapter(args.drafter):
+        raise ExportRefused(f"--merged-target: {args.drafter} holds no Medusa-2 LoRA adapter, so there is no merged "
+                            "target to write")
+    if os.path.exists(d) and (not os.path.isdir(d) or os.listdir(d) and not args.force):
+        raise ExportRefused(f"--merged-target {d} " + ("is a file, not a folder" if not os.path.isdir(d)
+                                                       else "exists and is not empty (pass --force to replace it)"))
+
+
+def write_merged_target(src: str, target: str, out: str, dtype: torch.dtype) -> str:
+    """The target with the Medusa-2 adapter in `src` merged in, saved as a Hugging Face folder with its tokenizer."""
+    import shutil
+
+    from transformers import AutoTokenizer
+
+    from draftkit.drafters.medusa import load_target_with_adapter
+    from draftkit.models import load_model
+
+    shutil.rmtree(out, ignore_errors=True)
+    merged = load_target_with_adapter(src, load_model(target)).to(dtype)
+    merged.save_pretrained(out)
+    AutoTokenizer.from_pretrained(target).save_pretrained(out)
+    return out
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python train/export.py", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -171,6 +205,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="draft tokens per step written into speculators_config and the printed commands (default: "
                         "5 for EAGLE, the number of heads for Medusa, 4 for a standalone draft, as in the README, "
                         "and for DFlash its block size - 1, the most it can be)")
+    p.add_argument("--merged-target", default=None, metavar="DIR",
+                   help="Medusa-2 only (heads trained with a LoRA adapter on the target): also write the target with "
+                        "that adapter merged in here, in --dtype (a full copy of the target), and name it in the "
+                        "serve commands, which otherwise name a placeholder for it (default: not written)")
     p.add_argument("--force", action="store_true",
                    help="replace a non-empty --out whole, once the new export is written (default: refuse)")
     p.add_argument("--check", action="store_true",
@@ -190,6 +228,7 @@ def export(args) -> tuple[str, list[str], str, str]:
         raise ExportRefused(f"--out {args.out} is a file, not a folder")
     if os.path.isdir(final) and os.listdir(final) and not args.force:
         raise ExportRefused(f"{args.out} exists and is not empty (pass --force to replace it)")
+    merged_target_problem(args)
     staging = f"{final}.staging-{os.getpid()}"
     shutil.rmtree(staging, ignore_errors=True)
     os.makedirs(staging)
@@ -266,6 +305,11 @@ def write_export(args, out: str, final: str) -> tuple[str, list[str], str, str]:
         target = args.target or _default_target(src, (cfg.get("target") or {}).get("name", "")
                                                 or cfg.get("base_model_name_or_path", ""))
         msg = export_medusa(src, args.format, out, load_model(target), dtype)
+        if has_adapter(src):  # the heads read the fine-tuned target: the serve commands must name that one
+            target = write_merged_target(src, target, args.merged_target, dtype) if args.merged_target \
+                else MERGED_PLACEHOLDER
+            msg += f" (written to {args.merged_target})" if args.merged_target else \
+                f"; pass --merged-target DIR to write it (the commands below name it {MERGED_PLACEHOLDER})"
         eagle3 = False
     else:
         target = args.target or _default_target(src, "")
