@@ -161,6 +161,43 @@ def test_bad_input_gives_clear_errors():
         generate(target, torch.tensor([1, 2]), "lookahead")  # verify/'s loop takes drafters, not names
 
 
+def test_prompts_budgets_drafters_and_stop_ids_of_the_wrong_kind_are_named():
+    """What a user passes by mistake is one error that says what it is and what to pass: text or a tokenizer's
+    output as the prompt, a prompt of three dimensions or of shape (1, 0), a drafter's class, an object that is not
+    a budget policy, a stop id outside the vocabulary (it could never stop)."""
+    from draftkit.drafters.suffix import SuffixDrafter
+
+    target = tiny_model("llama", max_len=64)
+    cases = [(dict(input_ids="def f():"), TypeError, "the prompt is text; pass its token ids"),
+             (dict(input_ids={"input_ids": [1, 2]}), TypeError, r"the prompt is a dict; pass token ids \(its \['input_ids'\]\)"),
+             (dict(input_ids=[object()]), TypeError, "must be token ids .* got a list"),
+             (dict(input_ids=torch.ones(1, 1, 3, dtype=torch.long)), ValueError, r"must be 1-D or \(1, T\) token ids; got shape \(1, 1, 3\)"),
+             (dict(input_ids=torch.ones(1, 0, dtype=torch.long)), ValueError, r"at least one token; got shape \(1, 0\)"),
+             (dict(drafter=SuffixDrafter), TypeError, r"drafter 0 is the class SuffixDrafter, not a drafter: build one"),
+             (dict(budget=object()), TypeError, "budget must be 'auto', 'fixed', a Budget or a budget policy"),
+             (dict(eos_token_id=-1), ValueError, r"eos_token_id -1 is not a token id of this model \(0..63\)"),
+             (dict(eos_token_id=[5, 64]), ValueError, "eos_token_id 64 is not a token id")]
+    for kwargs, error, says in cases:
+        call = dict(input_ids=torch.tensor([1, 2]), max_new_tokens=4) | kwargs
+        with pytest.raises(error, match=says):
+            generate(target, call.pop("input_ids"), **call)
+
+
+def test_a_budget_is_taken_as_that_budget_every_step_within_the_drafters_cap():
+    from draftkit.verify.budget import FixedBudget, make_policy
+
+    target = tiny_model("llama", max_len=64)
+    drafter = StandaloneDrafter(target, max_depth=3)  # cap: depth 3
+    policy = make_policy(dk.Budget(2, 8), drafter, target)
+    assert isinstance(policy, FixedBudget) and (policy.cap.max_depth, policy.cap.max_nodes) == (2, 3)
+    wide = make_policy(dk.Budget(9, 99), drafter, target)
+    assert (wide.cap.max_depth, wide.cap.max_nodes) == (3, 3)
+    prompt = torch.tensor([1, 2, 3, 1, 2])
+    plain = generate(target, prompt, max_new_tokens=12, eos_token_id=[]).tokens.tolist()
+    out = generate(target, prompt, drafter, max_new_tokens=12, eos_token_id=[], budget=dk.Budget(2, 2))
+    assert out.tokens.tolist() == plain and max(s.budget_depth for s in out.stats.steps) == 2
+
+
 def test_the_top_level_generate_takes_a_method_name_as_generate_batch_does():
     target = tiny_model("llama", max_len=64)
     prompt = torch.tensor([1, 2, 3, 1, 2])

@@ -57,9 +57,9 @@ class FixedBudget:
 
 
 def make_policy(spec, drafter, model) -> BudgetPolicy:
-    """"auto" (the cost-aware controller; the default), "fixed" (the drafter's cap every step) or a
-    policy object. A drafter's auto policy is kept on the drafter, so what it learned about the
-    drafter's acceptance and cost carries over from one generate call to the next."""
+    """"auto" (the cost-aware controller; the default), "fixed" (the drafter's cap every step), a Budget (that budget
+    every step, within the drafter's cap) or a policy object. A drafter's auto policy is kept on the drafter, so
+    what it learned about the drafter's acceptance and cost carries over from one generate call to the next."""
     if spec is None or spec == "auto":
         cap = drafter_cap(drafter)
         if cap.empty:
@@ -76,6 +76,12 @@ def make_policy(spec, drafter, model) -> BudgetPolicy:
         return policy
     if spec == "fixed":
         return FixedBudget.of(drafter)
+    if isinstance(spec, Budget):
+        cap = drafter_cap(drafter)
+        return FixedBudget(Budget(min(spec.max_depth, cap.max_depth), min(spec.max_nodes, cap.max_nodes)))
     if isinstance(spec, str):
-        raise ValueError(f"budget must be 'auto', 'fixed' or a budget policy, got {spec!r}")
+        raise ValueError(f"budget must be 'auto', 'fixed', a Budget or a budget policy, got {spec!r}")
+    if not all(callable(getattr(spec, m, None)) for m in ("start", "budget", "observe")) or isinstance(spec, type):
+        raise TypeError(f"budget must be 'auto', 'fixed', a Budget or a budget policy (start, budget, observe), got "
+                        f"{spec!r}")
     return spec

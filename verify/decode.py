@@ -13,14 +13,14 @@ indexed on the device. This module holds what that loop checks and cuts.
 from __future__ import annotations
 
 import operator
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 import torch
 
 from draftkit.verify.accept import Sampling
 from draftkit.verify.budget import BudgetPolicy
-from draftkit.verify.contract import Drafter, NoDrafter
+from draftkit.verify.contract import Budget, Drafter, NoDrafter
 from draftkit.verify.stats import DecodeStats
 
 
@@ -33,14 +33,26 @@ class GenerationOutput:
 
 
 def as_prompt(input_ids, vocab_size: int, name: str = "the prompt") -> torch.Tensor:
-    """A 1-D long tensor of valid token ids, or a ValueError that says what is wrong (`name`: which prompt)."""
-    ids = torch.as_tensor(input_ids)
+    """A 1-D long tensor of valid token ids, or a ValueError / TypeError that says what is wrong (`name`: which
+    prompt)."""
+    if isinstance(input_ids, str):
+        raise TypeError(f"{name} is text; pass its token ids (tokenizer(text).input_ids)")
+    if isinstance(input_ids, Mapping):  # a tokenizer's output (BatchEncoding) or another dict
+        raise TypeError(f"{name} is a {type(input_ids).__name__}; pass token ids (its ['input_ids'])")
+    try:
+        ids = torch.as_tensor(input_ids)
+    except (TypeError, ValueError, RuntimeError):
+        raise TypeError(f"{name} must be token ids (a list, tensor or array of ints); got a "
+                        f"{type(input_ids).__name__}") from None
+    shape = tuple(ids.shape)
     if ids.dim() == 2:
         if ids.shape[0] != 1:
             raise ValueError(f"generate decodes one sequence; got a batch of {ids.shape[0]}")
         ids = ids[0]
-    if ids.dim() != 1 or ids.numel() == 0:
-        raise ValueError(f"{name} must hold at least one token; got shape {tuple(ids.shape)}")
+    if ids.dim() != 1:
+        raise ValueError(f"{name} must be 1-D or (1, T) token ids; got shape {shape}")
+    if ids.numel() == 0:
+        raise ValueError(f"{name} must hold at least one token; got shape {shape}")
     if ids.dtype not in (torch.int32, torch.int64):
         raise TypeError(f"{name} must be integer token ids, got {ids.dtype}")
     if int(ids.min()) < 0 or int(ids.max()) >= vocab_size:
@@ -59,7 +71,8 @@ def finish(new: list[int], remaining: int, eos: set[int]) -> tuple[list[int], bo
 
 def eos_set(model, eos_token_id) -> set[int]:
     """The stop tokens: eos_token_id (an id, or any collection of ids: list, tuple, set, tensor), or None for the
-    model's generation_config's."""
+    model's generation_config's. A given id outside the vocabulary (-1, say) could never stop: an error."""
+    given = eos_token_id is not None
     if eos_token_id is None:
         config = getattr(model, "generation_config", None)
         eos_token_id = getattr(config, "eos_token_id", None)
@@ -67,9 +80,15 @@ def eos_set(model, eos_token_id) -> set[int]:
         return set()
     ids = eos_token_id.reshape(-1).tolist() if isinstance(eos_token_id, torch.Tensor) else eos_token_id
     try:
-        return {operator.index(i) for i in ids} if isinstance(ids, Iterable) else {operator.index(ids)}
+        out = {operator.index(i) for i in ids} if isinstance(ids, Iterable) else {operator.index(ids)}
     except TypeError:
         raise TypeError(f"eos_token_id must be a token id or a collection of token ids, got {eos_token_id!r}") from None
+    vocab = model.get_output_embeddings().weight.shape[0]
+    bad = sorted(i for i in out if not 0 <= i < vocab)
+    if given and bad:
+        raise ValueError(f"eos_token_id {bad[0]} is not a token id of this model (0..{vocab - 1}); pass [] to never "
+                         "stop")
+    return out
 
 
 def check_room(verifier, prompt_len: int, max_new_tokens: int) -> None:
@@ -80,14 +99,15 @@ def check_room(verifier, prompt_len: int, max_new_tokens: int) -> None:
 
 def generate(model, input_ids, drafter: Drafter | None = None, max_new_tokens: int = 64,
              sampling: Sampling | None = None, eos_token_id=None, seed: int | None = None,
-             budget: BudgetPolicy | str = "auto", logits_processor=None, grammar=None, tokenizer=None,
+             budget: BudgetPolicy | Budget | str = "auto", logits_processor=None, grammar=None, tokenizer=None,
              jump_forward: bool = True, compile: bool = False) -> GenerationOutput:
     """Generate up to max_new_tokens after input_ids (1-D or (1, T)) with speculative decoding.
 
     eos_token_id: int, list or None (None: the model's generation_config; pass [] to never stop).
     budget: how much the drafter may draft each step: "auto" (default: the cost-aware controller of
-    verify/controller.py, never above the drafter's cap), "fixed" (the drafter's cap every step)
-    or a BudgetPolicy. This is the packed loop (verify/packed.py) with one lane.
+    verify/controller.py, never above the drafter's cap), "fixed" (the drafter's cap every step), a Budget
+    (`Budget(max_depth, max_nodes)` every step, within the drafter's cap) or a BudgetPolicy. This is the packed
+    loop (verify/packed.py) with one lane.
     logits_processor: a transformers LogitsProcessorList (or list), applied at every tree node with that node's
     own prefix as `generate` applies it (verify/constraints.py). grammar: a draftkit Grammar (or a JSON-schema
     dict) the output must follow; it needs `tokenizer` (the target's) to compile. jump_forward: commit the

@@ -204,6 +204,9 @@ def generate_packed(model, prompts, drafters, max_new_tokens: int = 64, sampling
     elif len(prompts) != n:
         raise ValueError(f"got {len(prompts)} prompts for {n} drafters")
     for i, d in enumerate(drafters):  # a method's name, say, passed where a drafter goes: one line, before any forward
+        if isinstance(d, type):
+            raise TypeError(f"drafter {i} is the class {d.__name__}, not a drafter: build one ({d.__name__}(...) or "
+                            f"draftkit.make_drafter(name, target))")
         if not all(callable(getattr(d, call, None)) for call in ("reset", "propose", "update")):
             raise TypeError(f"drafter {i} is a {type(d).__name__}, not a drafter: build one with "
                             f"draftkit.make_drafter(name, target)")
