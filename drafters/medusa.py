@@ -41,10 +41,12 @@ import warnings
 import torch
 from torch import nn
 
+from draftkit.drafters import medusa_static
 from draftkit.drafters.medusa_tree import (build_tree_choices, check_tree_choices, default_accuracies,
                                            expected_accepted, path_value)
 from draftkit.drafters.tree_search import draft_probs, generator_on, gumbel_order, sampled_trees_enabled
 from draftkit.verify.contract import WITHOUT_REPLACEMENT, Budget, DecodeState, DraftMismatch, DraftTree, StepResult
+from draftkit.verify.lanes import lanes_forming
 
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
@@ -208,8 +210,6 @@ class MedusaDrafter:
 
     # -- Drafter protocol
     def reset(self, prompt: torch.Tensor | None) -> None:
-        from draftkit.verify.lanes import lanes_forming
-
         self.hidden = None  # (H,) final hidden state at the position that produced the root
         if prompt is not None and not lanes_forming():  # a batch's lanes compile their group's graphs instead
             self.warm()
@@ -217,9 +217,7 @@ class MedusaDrafter:
     def warm(self, rows: int = 1) -> None:
         """compile_draft: the heads' graphs for `rows` lanes now, before any step is timed."""
         if self.compile_draft:
-            from draftkit.drafters.medusa_static import warm
-
-            warm(self.heads, rows, *self.heads_place())
+            medusa_static.warm(self.heads, rows, *self.heads_place())
 
     @torch.no_grad()
     def propose(self, state: DecodeState) -> DraftTree:
@@ -231,9 +229,7 @@ class MedusaDrafter:
     def head_logits(self, hidden: torch.Tensor, n: int, rows: int | None = None) -> torch.Tensor:
         """(n, L, V): the first n heads on the lanes' hidden states (L, H), compiled when compile_draft (padded
         to the graph of `rows` lanes)."""
-        from draftkit.drafters.medusa_static import head_logits
-
-        return head_logits(self.heads, hidden, n, self.compile_draft, rows)
+        return medusa_static.head_logits(self.heads, hidden, n, self.compile_draft, rows)
 
     def wants(self, state: DecodeState) -> int:
         """How many heads this step's tree needs (0: no tree)."""
