@@ -74,6 +74,7 @@ def test_temperature_top_k_top_p():
 def test_typical_acceptance_is_labelled_lossy():
     assert not Sampling(temperature=1.0, acceptance="typical").lossless
     assert Sampling(temperature=1.0).lossless
+    assert Sampling(temperature=0.0, acceptance="typical").lossless  # greedy's rule is argmax whatever it says
     tree = DraftTree(torch.tensor([1]), torch.tensor([-1])).validate()
     logits = torch.log(torch.tensor([[0.05, 0.9, 0.05, 1e-9, 1e-9, 1e-9], [1 / 6] * 6]))
     acc, _ = accept(tree, logits, Sampling(temperature=1.0, acceptance="typical"))

@@ -234,6 +234,8 @@ def test_typical_acceptance_runs():
     out = generate(target, torch.tensor([1, 2]), drafter=drafter, max_new_tokens=20, eos_token_id=[],
                    sampling=Sampling(temperature=0.7, acceptance="typical"), seed=0)
     assert out.tokens.numel() == 20 and not out.lossless
+    plain = generate(target, torch.tensor([1, 2]), max_new_tokens=5, sampling=Sampling(0.7, acceptance="typical"))
+    assert plain.lossless  # nothing drafted: every token is the target's own draw
 
 
 # ----------------------------------------------------------------------------- lossless sampling

@@ -57,7 +57,9 @@ class Sampling:
 
     @property
     def lossless(self) -> bool:
-        return self.acceptance == "exact"
+        """Whether acceptance keeps the target's distribution: exact acceptance, or greedy decoding (whose rule is
+        argmax whatever `acceptance` says)."""
+        return self.acceptance == "exact" or self.greedy
 
 
 def seeded_generator(seed: int | None, device, stream: str) -> torch.Generator | None:

@@ -29,7 +29,7 @@ class GenerationOutput:
     tokens: torch.Tensor  # (new,) long: generated tokens only
     sequence: torch.Tensor  # (prompt + new,) long
     stats: DecodeStats
-    lossless: bool  # False only under typical acceptance
+    lossless: bool  # False only when typical acceptance judged drafts under sampling
 
 
 def as_prompt(input_ids, vocab_size: int, name: str = "the prompt") -> torch.Tensor:

@@ -353,7 +353,8 @@ def generate_packed(model, prompts, drafters, max_new_tokens: int = 64, sampling
     for ln in lanes:
         ln.stats.grammar_complete = ln.constraint.grammar_complete if ln.constraint else None
         seq = ln.buf[:len(ln.tokens)].clone()
-        outs.append(GenerationOutput(seq[ln.prompt.numel():], seq, ln.stats, lossless=sampling.lossless))
+        lossless = sampling.lossless or not any(s.drafted for s in ln.stats.steps)  # no draft: target samples only
+        outs.append(GenerationOutput(seq[ln.prompt.numel():], seq, ln.stats, lossless=lossless))
     committed = ver.entries()
     caches = {id(d.cache): d.cache for d in drafters if hasattr(getattr(d, "cache", None), "nbytes")}
     draft_kv = sum(c.nbytes() for c in caches.values())  # a group's lanes share one buffer (KV or DFlash context)
