@@ -17,14 +17,11 @@ CUDA graph instead of a dozen kernel launches a layer.
 """
 from __future__ import annotations
 
-import logging
-import time
-
 import torch
 from torch import nn
 
 from draftkit.drafters.attention_window import far_back
-from draftkit.verify.compiled import bucket, call_compiled, compiled_keys, graph_outputs
+from draftkit.verify.compiled import bucket, call_compiled, graph_outputs, warm_graphs
 from draftkit.verify.tree import COMPILED_ROWS
 
 MIN_CAPACITY = 256
@@ -155,19 +152,13 @@ def warm(draft, ctx: StaticContext, embed, block: int, mask_id: int) -> None:
     """Compile, before any step is timed, the graph of every bucket of up to COMPILED_ROWS new entries for these
     lanes and this buffer; every entry goes to the sink, so the context is untouched. Said in one line; nothing
     when every graph exists (kept on the draft)."""
-    n, model = len(ctx.lengths), static_block(draft)
-    seen = compiled_keys(model)
-    todo = [b for b in sorted({bucket(q) for q in range(1, COMPILED_ROWS + 1)}) if static_key(ctx, n, b) not in seen]
-    if not todo:
-        return
-    t0 = time.perf_counter()
+    n = len(ctx.lengths)
     width = len(draft.config.target_layers) * draft.config.hidden_size
     ids = torch.full((n, block), mask_id, dtype=torch.long, device=ctx.device)
-    for b in todo:
-        seen.add(static_key(ctx, n, b))  # said below, once for all
+
+    def run(b: int) -> None:  # b new entries a lane, all written to the sink
         feats = torch.zeros(n, b, width, dtype=ctx.dtype, device=ctx.device)
-        inputs = static_inputs(ctx, [0] * n, feats, [0] * n, block, 0)
-        run_static(draft, ctx, embed(ids), inputs, True)
-    logging.getLogger("draftkit").warning(
-        "draftkit: compiled DFlash's block forward for %d lane%s, buckets of 1-%d new context entries, on a %d-entry "
-        "buffer (%.1f s, once)", n, "s" if n > 1 else "", COMPILED_ROWS, ctx.capacity, time.perf_counter() - t0)
+        run_static(draft, ctx, embed(ids), static_inputs(ctx, [0] * n, feats, [0] * n, block, 0), True)
+    calls = [(static_key(ctx, n, b), lambda b=b: run(b)) for b in sorted({bucket(q) for q in range(1, COMPILED_ROWS + 1)})]
+    warm_graphs(static_block(draft), calls, f"DFlash's block forward for {n} lane{'s' if n > 1 else ''}, buckets of "
+                f"1-{COMPILED_ROWS} new context entries, on a {ctx.capacity}-entry buffer")

@@ -23,14 +23,11 @@ own mask (no padding, no scatter), as a lone drafter would.
 """
 from __future__ import annotations
 
-import logging
-import time
-
 import torch
 
 from draftkit.drafters.tree_search import search
 from draftkit.verify.cache import KVBuffer
-from draftkit.verify.compiled import bucket, compiled_keys
+from draftkit.verify.compiled import bucket, warm_graphs
 from draftkit.verify.contract import DecodeState, DraftTree
 from draftkit.verify.tree import COMPILED_ROWS, MaskBuffer, run_model, static_key
 
@@ -81,23 +78,18 @@ class DraftLanes:
         subclass names, at every bucket of up to COMPILED_ROWS rows a lane, for these lanes and this buffer). A graph
         compiling inside a step would be read as seconds of drafting and teach the controller that drafting does
         not pay. Said in one line; nothing when every graph exists (kept on the model)."""
-        model, n, seen = self.draft_model, len(self.drafters), compiled_keys(self.draft_model)
-        todo = [(b, kw) for b in sorted({bucket(q) for q in range(1, COMPILED_ROWS + 1)})
-                for kw in self.warm_inputs(n, b) if static_key(self.cache, n, b, kw) not in seen]
-        if not todo:
-            return
-        t0 = time.perf_counter()
-        if not self.cache.layers[0].is_initialized:  # the first forward allocates the buffer: an eager one
-            run_model(model, self.cache, self.masks, None, None, False, **todo[0][1])
-            self.cache.drop_pending()
-        for b, kw in todo:
-            seen.add(static_key(self.cache, n, b, kw))  # said below, once for all
+        model, n = self.draft_model, len(self.drafters)
+
+        def run(kw: dict) -> None:
+            if not self.cache.layers[0].is_initialized:  # the first forward allocates the buffer: an eager one
+                run_model(model, self.cache, self.masks, None, None, False, **kw)
+                self.cache.drop_pending()
             run_model(model, self.cache, self.masks, None, None, True, **kw)
             self.cache.drop_pending()
-        logging.getLogger("draftkit").warning(
-            "draftkit: compiled the draft forward of %s for %d lane%s, buckets of 1-%d rows, on a %d-entry buffer "
-            "(%.1f s, once)", type(model).__name__, n, "s" if n > 1 else "", COMPILED_ROWS, self.cache.capacity,
-            time.perf_counter() - t0)
+        calls = [(static_key(self.cache, n, b, kw), lambda kw=kw: run(kw))
+                 for b in sorted({bucket(q) for q in range(1, COMPILED_ROWS + 1)}) for kw in self.warm_inputs(n, b)]
+        warm_graphs(model, calls, f"the draft forward of {type(model).__name__} for {n} lane{'s' if n > 1 else ''}, "
+                    f"buckets of 1-{COMPILED_ROWS} rows, on a {self.cache.capacity}-entry buffer")
 
     # --- what a subclass supplies ---------------------------------------------------------------------------
     def wants(self, r: int, state: DecodeState) -> bool:

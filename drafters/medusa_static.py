@@ -10,12 +10,9 @@ compiled when it forms (`warm`), before any step is timed.
 """
 from __future__ import annotations
 
-import logging
-import time
-
 import torch
 
-from draftkit.verify.compiled import bucket, call_compiled, compiled_keys, graph_outputs
+from draftkit.verify.compiled import bucket, call_compiled, graph_outputs, warm_graphs
 
 AHEAD = "drafters.medusa_static warms every graph when a sequence or a batch's lanes start"
 
@@ -44,14 +41,6 @@ def warm(heads, rows: int, device: torch.device, dtype: torch.dtype) -> None:
     """Compile, before any step is timed, the graph of every head count for `rows` lanes; said in one line,
     nothing when every graph exists (they are kept on the heads, so later sequences reuse them)."""
     b = bucket(rows)
-    seen = compiled_keys(heads)
-    todo = [n for n in range(1, heads.num_heads + 1) if key(n, b, dtype) not in seen]
-    if not todo:
-        return
-    t0 = time.perf_counter()
     hidden = torch.zeros(b, heads.hidden_size, device=device, dtype=dtype)
-    for n in todo:
-        seen.add(key(n, b, dtype))  # said below, once for all
-        head_logits(heads, hidden, n, True)
-    logging.getLogger("draftkit").warning("draftkit: compiled Medusa's heads (1-%d of them) for %d row%s (%.1f s, "
-                                          "once)", heads.num_heads, b, "s" if b > 1 else "", time.perf_counter() - t0)
+    calls = [(key(n, b, dtype), lambda n=n: head_logits(heads, hidden, n, True)) for n in range(1, heads.num_heads + 1)]
+    warm_graphs(heads, calls, f"Medusa's heads (1-{heads.num_heads} of them) for {b} row{'s' if b > 1 else ''}")

@@ -19,9 +19,9 @@ import torch  # noqa: E402
 from accelerate import Accelerator  # noqa: E402
 from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
 
-from draftkit.train.config import AUTO, auto_layers, auto_or_list, field, parse_config, resolve_model  # noqa: E402
+from draftkit.train.config import (AUTO, TrainConfig, auto_layers, auto_or_list, field, parse_config,  # noqa: E402
+                                   resolve_model)
 from draftkit.train.loop import cli  # noqa: E402
-from draftkit.train.config import TrainConfig  # noqa: E402
 from draftkit.train.targetdata import TargetDataConfig, target_data  # noqa: E402
 
 DATA_FIELDS = {"corpus", "text_column", "cache_dir", "seq_len", "output_dir"}  # TrainConfig's fields the data reads
