@@ -334,3 +334,22 @@ def test_quick_on_a_chat_target_runs_one_prompt_per_task(tiny_gguf, tmp_path, mo
     assert args.prompts == 2 and not args.first_turns  # an explicit flag wins
     args, *_ = cli.prepare(["--quick", "--drafters", "suffix"])  # the shipped family: no template, the preset's
     assert list(args.task_names) == ["code", "copy"] and args.prompts == 2 and not args.first_turns
+
+
+def test_training_prompts_never_repeat_and_leave_out_an_earlier_file(tmp_path, monkeypatch, capsys):
+    from draftkit.train import chat_prompts
+    from draftkit.train.chat_prompts import build, main, user_texts
+
+    first = build(2048, 0)
+    texts = [r["messages"][0]["content"] for r in first]
+    assert len(first) == 2048 and len(set(texts)) == len(texts)
+    main(["--out", str(tmp_path / "a.jsonl"), "--rows", "512"])
+    main(["--out", str(tmp_path / "b.jsonl"), "--rows", "512", "--seed", "1", "--exclude", str(tmp_path / "a.jsonl")])
+    a, b = user_texts(str(tmp_path / "a.jsonl")), user_texts(str(tmp_path / "b.jsonl"))
+    assert len(a) == len(b) == 512 and not a & b
+    # a space smaller than asked: every distinct text once, then it stops and says so
+    monkeypatch.setattr(chat_prompts, "general", lambda rng: ("stem", rng.choice(["one question", "another"])))
+    monkeypatch.setattr(chat_prompts, "snippets", lambda files, rng: [])
+    main(["--out", str(tmp_path / "c.jsonl"), "--rows", "5"])
+    assert user_texts(str(tmp_path / "c.jsonl")) == {"one question", "another"}
+    assert "ran out: 2 distinct conversations of the 5 asked for" in capsys.readouterr().err

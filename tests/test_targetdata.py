@@ -194,3 +194,48 @@ def test_distillation_reads_logits_at_the_trained_positions_only(softcap):
     ce = torch.nn.functional.cross_entropy(full[:, :-1].flatten(0, 1), ids[:, 1:].flatten(), reduction="none")
     want_ce = (ce * w[:, :-1].flatten()).sum() / w[:, :-1].sum()
     assert torch.allclose(kl, want_kl, atol=1e-5) and torch.allclose(loss, want_kl + 0.5 * want_ce, atol=1e-5)
+
+
+def test_answers_written_in_another_precision_by_a_copy(tiny, monkeypatch):
+    """regen_dtype: a bf16 copy of the target writes the answers (equal to what the target cast to bf16 writes),
+    the target itself stays fp32, the shards are stored apart from the target's own answers, and the held-out
+    answers stay the target's own."""
+    import copy
+
+    from draftkit.train.target_rows import regenerate_conversations
+
+    root, tok, model = tiny
+    convs_cfg = dict(corpus=str(root / "chats.jsonl"), messages_column="messages", regenerate=True,
+                     data_mode="online", seq_len=96, regen_max_new_tokens=12, regen_temperatures=[0.0],
+                     heldout_rows=2, cache_dir=str(root / "cache_dtype"))
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    own = target_data(config(root, **convs_cfg), model, tok, Accelerator(cpu=True))
+    bf16 = target_data(config(root, **convs_cfg, regen_dtype="bfloat16"), model, tok, Accelerator(cpu=True))
+    assert model.dtype == torch.float32 and all(torch.equal(v, model.state_dict()[k]) for k, v in before.items())
+    cast = copy.deepcopy(model).to(torch.bfloat16)
+    convs = list(bf16.corpus.train["text"])[:4]  # shard 0's conversations
+    written = regenerate_conversations(cast, tok, convs, 96, 0.0, 0, 12)
+    from draftkit.train.target_rows import conversation_rows
+
+    ids, _ = conversation_rows(tok, written, 96)
+    assert torch.equal(bf16.rows[:4], ids)
+    stores = [d for d in os.listdir(root / "cache_dtype") if d.startswith("rows-")]
+    assert len(stores) == 2  # apart: the bf16 answers did not reuse the fp32 ones' shards
+    assert torch.equal(own.heldout_rows[0], bf16.heldout_rows[0])  # held out: the target's own greedy answers
+    with pytest.raises(Exception, match="regen_dtype must be empty or one of"):
+        config(root, **convs_cfg, regen_dtype="bf16")
+
+
+def test_auto_precision_writes_in_bf16_only_where_bf16_runs_natively(tiny, monkeypatch):
+    import draftkit.train.target_rows as rows
+
+    root, _, model = tiny
+    cfg = config(root, regenerate=True, regen_dtype="auto")
+    for native, expected in ((True, torch.bfloat16), (False, None)):
+        monkeypatch.setattr(rows, "native_bf16", lambda device, native=native: native)
+        assert rows.writer_dtype(cfg, model) == expected
+    monkeypatch.setattr(rows, "native_bf16", lambda device: True)
+    import copy
+
+    assert rows.writer_dtype(cfg, copy.deepcopy(model).to(torch.bfloat16)) is None  # already bf16: the target writes
+    assert rows.writer_dtype(config(root, regenerate=True, regen_dtype="float32"), model) is None

@@ -13,7 +13,8 @@ test checks that no training prompt shares an 8-word run with any evaluation pro
 - general: writing, role-play, reasoning, arithmetic word problems, science and humanities questions composed
   from word lists (the evaluation set's topics are not among them).
 Each row is {"messages": [user, empty assistant], "kind": ...}; train/targetdata.py renders it with the target's
-chat template and `regenerate` lets the target write every assistant turn. The output is deterministic in --seed.
+chat template and `regenerate` lets the target write every assistant turn. The output is deterministic in --seed;
+no user text appears twice, and `--exclude` leaves out those of earlier files (data beyond theirs).
 """
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ import ast
 import json
 import os
 import random
+import sys
 from pathlib import Path
 
 CODE_ASKS = [
@@ -58,11 +60,19 @@ MATH = ["A shop sells {b}s for {x} dollars each. Ana buys {y} of them and pays w
         "What is {x} percent of {z}? Explain the calculation.",
         "Solve for n: {y} * n + {x} = {z}. Show each step."]
 SCIENCE = ["photosynthesis", "plate tectonics", "the water cycle", "magnetism", "nuclear fusion", "vaccines",
-           "black holes", "enzymes", "ocean tides", "semiconductors", "the greenhouse effect", "DNA replication"]
+           "black holes", "enzymes", "ocean tides", "semiconductors", "the greenhouse effect", "DNA replication",
+           "volcanoes", "antibiotics", "earthquakes", "glaciers", "coral reefs", "solar panels", "fermentation",
+           "the periodic table", "sound waves", "friction", "the immune system", "radioactive decay"]
 HUMANITIES = ["the printing press", "the Silk Road", "ancient Egyptian writing", "the Renaissance",
-              "the industrial revolution", "Greek philosophy", "the invention of paper", "medieval castles"]
+              "the industrial revolution", "Greek philosophy", "the invention of paper", "medieval castles",
+              "the Ming dynasty", "the Aztec calendar", "the abolition of slavery", "the Meiji restoration",
+              "early map making", "the history of coffee", "the ancient Olympic games", "Baroque music",
+              "the Hanseatic League", "the invention of the compass", "the Inca road system", "Viking sagas"]
 ASK_TOPIC = ["Explain {t} in simple terms.", "Give three surprising facts about {t}.",
-             "Why is {t} important? Answer in one paragraph.", "Write a short quiz of four questions about {t}."]
+             "Why is {t} important? Answer in one paragraph.", "Write a short quiz of four questions about {t}.",
+             "What are common misconceptions about {t}?", "How would you teach {t} to a ten-year-old?",
+             "Write a short dialogue between two students who disagree about {t}.",
+             "Outline a five-minute talk on {t}, with a heading per part."]
 THINGS_A = ["gardening", "saving money", "learning a language", "time management", "recycling", "cooking rice",
             "public speaking", "bird watching", "night photography", "home repairs"]
 THINGS_B = ["lamp", "bicycle", "backpack", "notebook", "kettle", "umbrella", "chair", "clock"]
@@ -107,8 +117,28 @@ def general(rng: random.Random) -> tuple[str, str]:
     return kind, rng.choice(pool).format(**fill)
 
 
-def build(rows: int, seed: int = 0, files: list[tuple[str, str]] | None = None) -> list[dict]:
-    """`rows` conversations: about 45% code, 25% documents, 30% general."""
+MAX_DRAWS_PER_ROW = 20  # draws per conversation asked for before the generator's space counts as used up
+
+
+def one(rng: random.Random, i: int, code: list, docs: list) -> tuple[str, str]:
+    """(kind, user text) of the i-th draw: about 45% code, 25% documents, 30% general."""
+    r = rng.random()
+    if r < 0.45 and code:
+        _, name, args, src, doc = code[i % len(code)]
+        if doc and rng.random() < 0.3:
+            return "code-write", WRITE_ASK.format(name=name, args=args, doc=doc.split("\n")[0])
+        return "code", rng.choice(CODE_ASKS).format(code=src)
+    if r < 0.70 and docs:
+        _, name, _, _, doc = docs[i % len(docs)]
+        return "document", rng.choice(DOC_ASKS).format(text=doc, name=name, language=rng.choice(LANGUAGES))
+    return general(rng)
+
+
+def build(rows: int, seed: int = 0, files: list[tuple[str, str]] | None = None,
+          exclude: frozenset[str] = frozenset()) -> list[dict]:
+    """`rows` conversations, no user text twice and none of `exclude` (the user texts of earlier prompt files):
+    fewer where the generator's space runs out (MAX_DRAWS_PER_ROW draws per row asked for). A repeat would only
+    weigh one prompt more; the answers to it add little the draft has not seen."""
     rng = random.Random(seed)
     if files is None:
         from draftkit.corpus import build_local_corpus
@@ -117,23 +147,24 @@ def build(rows: int, seed: int = 0, files: list[tuple[str, str]] | None = None) 
     pool = snippets(files, rng)
     code = [s for s in pool if s[0] == "code"]
     docs = [s for s in pool if s[0] == "doc"]
-    out = []
-    for i in range(rows):
-        r = rng.random()
-        if r < 0.45 and code:
-            _, name, args, src, doc = code[i % len(code)]
-            if doc and rng.random() < 0.3:
-                kind, text = "code-write", WRITE_ASK.format(name=name, args=args, doc=doc.split("\n")[0])
-            else:
-                kind, text = "code", rng.choice(CODE_ASKS).format(code=src)
-        elif r < 0.70 and docs:
-            _, name, _, _, doc = docs[i % len(docs)]
-            kind, text = "document", rng.choice(DOC_ASKS).format(text=doc, name=name, language=rng.choice(LANGUAGES))
-        else:
-            kind, text = general(rng)
+    out, seen = [], set(exclude)
+    for i in range(MAX_DRAWS_PER_ROW * rows):
+        if len(out) == rows:
+            break
+        kind, text = one(rng, i, code, docs)
+        if text in seen:
+            continue
+        seen.add(text)
         out.append({"messages": [{"role": "user", "content": text}, {"role": "assistant", "content": ""}],
                     "kind": kind})
     return out
+
+
+def user_texts(path: str) -> set[str]:
+    """The user turns of a prompts file (one {"messages": [...]} row per line)."""
+    with open(path) as fh:
+        return {m["content"] for line in fh if line.strip()
+                for m in json.loads(line)["messages"] if m.get("role") == "user"}
 
 
 def main(argv=None) -> None:
@@ -141,14 +172,26 @@ def main(argv=None) -> None:
     ap.add_argument("--out", required=True, help="the JSONL file to write (its folder is created)")
     ap.add_argument("--rows", type=int, default=4096, help="conversations to write (default: 4096)")
     ap.add_argument("--seed", type=int, default=0, help="seed of the choices (default: 0)")
+    ap.add_argument("--exclude", nargs="+", default=[], metavar="FILE",
+                    help="prompts files whose conversations to leave out, for data beyond theirs (default: none)")
     args = ap.parse_args(argv)
     if args.rows < 1:
         ap.error(f"--rows must be >= 1, got {args.rows}")
     if os.path.isdir(args.out):
         ap.error(f"--out {args.out} is a folder; give the JSONL file to write")
+    for path in args.exclude:
+        if not os.path.isfile(path):
+            ap.error(f"--exclude {path}: no such file")
     from draftkit.files import write_text_atomically
 
-    rows = build(args.rows, args.seed)
+    try:
+        exclude = frozenset().union(*(user_texts(p) for p in args.exclude))
+    except (ValueError, KeyError, TypeError) as err:
+        ap.error(f"--exclude: not a prompts file ({type(err).__name__}: {err})")
+    rows = build(args.rows, args.seed, exclude=exclude)
+    if len(rows) < args.rows:
+        print(f"the generator's space ran out: {len(rows)} distinct conversations of the {args.rows} asked for",
+              file=sys.stderr)
     write_text_atomically(args.out, "".join(json.dumps(row) + "\n" for row in rows))
     kinds = {}
     for row in rows:

@@ -9,11 +9,13 @@ mask[t] is True where token t + 1 is trained on (a generated or assistant token)
 """
 from __future__ import annotations
 
+import copy
 import os
 
 import torch
 from tqdm import tqdm
 
+from draftkit.drafters.draft_dtype import native_bf16
 from draftkit.files import write_atomically
 from draftkit.train.config import TrainError
 from draftkit.train.data import BlockSampler
@@ -111,6 +113,19 @@ def regenerate_conversations(target, tokenizer, convs: list[list[dict]], seq_len
         tokenizer.padding_side = side
 
 
+def writer_dtype(cfg, target) -> torch.dtype | None:
+    """The precision regen_dtype asks the answers to be written in, or None where it is the target's own. "auto":
+    bf16 for a float32 target on a device that runs bf16 matrix products natively (a GPU that supports bf16, a
+    CPU with AVX512-BF16 or AMX: drafters/draft_dtype.py), else the target's own."""
+    if cfg.regen_dtype == "auto":
+        device = target.device
+        native = torch.cuda.is_bf16_supported() if device.type == "cuda" else native_bf16(device)
+        dtype = torch.bfloat16 if target.dtype == torch.float32 and native else None
+    else:
+        dtype = getattr(torch, cfg.regen_dtype) if cfg.regen_dtype else None
+    return None if dtype is None or dtype == target.dtype else dtype
+
+
 class RowStore:
     """The training rows, written shard by shard (resumable, with progress) and read back as (N, T) tensors."""
 
@@ -119,6 +134,19 @@ class RowStore:
         self.stream, self.conversations = train_stream, conversations
         self.dir = os.path.join(cfg.cache_dir, f"rows-{key}") if cfg.cache_dir else None  # None: kept in memory
         self.shards = (cfg.train_rows + cfg.shard_rows - 1) // cfg.shard_rows
+        self._writer = None
+
+    @property
+    def writer(self):
+        """The model that writes the training answers: the target, or a copy of it in regen_dtype (made once, on
+        first use: a shard store that is complete never makes it). The copy, not a cast of the target in place,
+        so that the hidden states stored afterwards are the target's own."""
+        dtype = writer_dtype(self.cfg, self.target) if self.cfg.regenerate else None
+        if dtype is None:
+            return self.target
+        if self._writer is None:
+            self._writer = copy.deepcopy(self.target).to(dtype).eval()
+        return self._writer
 
     def shard_path(self, i: int) -> str:
         return os.path.join(self.dir, f"{i:05d}.pt")
@@ -166,7 +194,7 @@ class RowStore:
             first = i * cfg.shard_rows
             convs = [self.conversations[(first + j) % len(self.conversations)] for j in range(self._count(i))]
             if cfg.regenerate:
-                convs = regenerate_conversations(self.target, self.tokenizer, convs, cfg.seq_len, temperature, seed,
+                convs = regenerate_conversations(self.writer, self.tokenizer, convs, cfg.seq_len, temperature, seed,
                                                  cfg.regen_max_new_tokens)
             ids, mask = conversation_rows(self.tokenizer, convs, cfg.seq_len)
             return {"ids": ids, "mask": mask}
@@ -176,7 +204,7 @@ class RowStore:
             mask[:, -1] = False
             return {"ids": block.to(torch.int32), "mask": mask}
         prompts = block[:, :cfg.regen_prompt_len].to(self.target.device)
-        rows = continue_text(self.target, prompts, cfg.seq_len - cfg.regen_prompt_len, temperature, eos, seed).cpu()
+        rows = continue_text(self.writer, prompts, cfg.seq_len - cfg.regen_prompt_len, temperature, eos, seed).cpu()
         return {"ids": rows.to(torch.int32), "mask": _text_mask(rows, cfg.regen_prompt_len, eos)}
 
 

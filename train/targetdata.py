@@ -35,9 +35,10 @@ from tqdm import tqdm
 
 from draftkit.train.config import TrainConfig, TrainError, field
 from draftkit.train.data import heldout_batches, load_streams
-from draftkit.train.target_rows import RowStore, save_shard
+from draftkit.train.target_rows import RowStore, save_shard, writer_dtype
 
 DATA_MODES = ("cached", "online")
+REGEN_DTYPES = ("", "auto", "bfloat16", "float16", "float32")
 
 
 @dataclass
@@ -58,6 +59,11 @@ class TargetDataConfig(TrainConfig):
                                   "held-out metrics")
     regen_temperatures: list[float] = field([0.0, 0.8], "sampling temperatures of the regeneration, alternating "
                                                         "by shard (0: greedy)")
+    regen_dtype: str = field("", "the precision the target writes its answers in: empty for its own; auto (bf16 for "
+                                 "a float32 target where bf16 products run natively: a bf16 GPU, a CPU with "
+                                 "AVX512-BF16 or AMX); or bfloat16 / float16 / float32. A copy of the target in that "
+                                 "precision writes them; the hidden states and the held-out answers stay the "
+                                 "target's own. SmolLM2-135M on 2 AMX cores wrote 2.3x faster in bf16 (batch 64)")
     shard_rows: int = field(128, "rows generated (and stored) together: one shard")
     data_seed: int = field(0, "seed of the corpus windows and of the regeneration's draws (rows are shared by every "
                                "recipe with the same data settings and target)")
@@ -72,6 +78,9 @@ class TargetDataConfig(TrainConfig):
             raise TrainError("train_rows and shard_rows must be >= 1")
         if self.regenerate and not self.messages_column and not 0 < self.regen_prompt_len < self.seq_len:
             raise TrainError(f"regen_prompt_len ({self.regen_prompt_len}) must lie in (0, seq_len={self.seq_len})")
+        if self.regen_dtype not in REGEN_DTYPES:
+            raise TrainError(f"regen_dtype must be empty or one of {', '.join(REGEN_DTYPES[1:])}, "
+                             f"got {self.regen_dtype!r}")
         if any(t < 0 for t in self.regen_temperatures) or not self.regen_temperatures:
             raise TrainError(f"regen_temperatures must be >= 0 and not empty, got {self.regen_temperatures}")
 
@@ -268,7 +277,8 @@ def target_data(cfg, target, tokenizer, acc, layers=(), seed: int | None = None)
     rkey = digest(tfp if cfg.regenerate else "", corpus.fingerprint, cfg.messages_column, cfg.seq_len, cfg.shard_rows,
                   cfg.regenerate, cfg.regen_prompt_len if cfg.regenerate else 0,
                   *([cfg.regen_max_new_tokens] if cfg.regen_max_new_tokens else []),
-                  cfg.regen_temperatures if cfg.regenerate else [], cfg.data_seed)
+                  cfg.regen_temperatures if cfg.regenerate else [], cfg.data_seed,
+                  *([f"written in {writer_dtype(cfg, target)}"] if cfg.regenerate and writer_dtype(cfg, target) else []))
     store = RowStore(cfg, target, tokenizer, train_stream, conversations, rkey, acc)
     with acc.main_process_first():
         rows, mask = store.build()
