@@ -16,13 +16,32 @@ from contextlib import contextmanager
 from draftkit.verify.contract import first_line
 
 
+def cpu_name(cpuinfo: str = "/proc/cpuinfo") -> str:
+    """The CPU's model name and its bf16 matrix units, where the system says (Linux): two machines of one
+    architecture can differ 2x in a plain step and in how their verify cost grows with a tree's rows (AMX)."""
+    name, flags = "", set()
+    try:
+        with open(cpuinfo) as fh:
+            for line in fh:
+                key, _, value = line.partition(":")
+                if key.strip() == "model name" and not name:
+                    name = value.strip()
+                elif key.strip() == "flags" and not flags:
+                    flags = set(value.split())
+    except OSError:
+        pass
+    units = "AMX" if "amx_bf16" in flags else "AVX512-BF16" if "avx512_bf16" in flags else ""
+    base = name or platform.processor() or platform.machine()
+    return f"{base}, {units}" if units else base
+
+
 def machine_line() -> str:
     """The machine a measurement ran on, as every results file names it."""
     import torch
 
     from draftkit.verify.precision import tf32_matmul
 
-    cpu = f"CPU ({platform.processor() or platform.machine()})"
+    cpu = f"CPU ({cpu_name()})"
     gpu = torch.cuda.is_available()
     dev = f"{torch.cuda.get_device_name()} (TF32 {'on' if tf32_matmul() else 'off'})" if gpu else cpu
     return (f"{dev}, {os.cpu_count()} cores, torch {torch.__version__} with {torch.get_num_threads()} threads, "

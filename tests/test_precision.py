@@ -34,3 +34,15 @@ def test_the_machine_line_says_tf32_on_a_gpu_only(restore_precision, monkeypatch
     set_tf32("off")
     assert machine_line().startswith("NVIDIA H200 (TF32 off),")
 
+
+
+def test_the_machine_line_names_the_cpu_and_its_bf16_units(tmp_path):
+    from draftkit.eval.report import cpu_name
+
+    info = tmp_path / "cpuinfo"
+    info.write_text("processor\t: 0\nmodel name\t: Some CPU 9000\nflags\t\t: fpu sse avx512f avx512_bf16 amx_bf16\n"
+                    "processor\t: 1\nmodel name\t: Some CPU 9000\n")
+    assert cpu_name(str(info)) == "Some CPU 9000, AMX"
+    info.write_text("model name\t: Other CPU\nflags\t\t: fpu avx512_bf16\n")
+    assert cpu_name(str(info)) == "Other CPU, AVX512-BF16"
+    assert cpu_name(str(tmp_path / "absent"))  # no cpuinfo: the platform's name
