@@ -353,3 +353,20 @@ def test_training_prompts_never_repeat_and_leave_out_an_earlier_file(tmp_path, m
     main(["--out", str(tmp_path / "c.jsonl"), "--rows", "5"])
     assert user_texts(str(tmp_path / "c.jsonl")) == {"one question", "another"}
     assert "ran out: 2 distinct conversations of the 5 asked for" in capsys.readouterr().err
+
+
+def test_init_from_default_is_the_draft_shipped_for_a_named_real_target(tmp_path):
+    """`--init_from default` on SmolLM2 continues its own shipped draft, not the small family's (whose shapes do not
+    fit), and names a kind shipped for neither in one line."""
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    from draftkit.gguf import REAL_TARGETS
+    from draftkit.train.config import TrainError, resolve_model
+
+    stem = Path(REAL_TARGETS["smollm2-135m"][2]).stem
+    target = SimpleNamespace(config=SimpleNamespace(_name_or_path=str(tmp_path / f"{stem}-0123abcd")))
+    assert Path(resolve_model("default", "eagle3", "--init_from", target)).parts[-2:] == ("smollm2-135m", "eagle3")
+    assert Path(resolve_model("default", "eagle3", "--init_from")).parts[-2:] == ("zoo", "eagle3")
+    with pytest.raises(TrainError, match="--init_from default: no dflash draft is shipped for smollm2-135m"):
+        resolve_model("", "dflash", "--init_from", target)

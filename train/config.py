@@ -312,13 +312,17 @@ _config_flag = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
 _config_flag.add_argument("--config")
 
 
-def resolve_model(name: str, kind: str, flag: str = "--target") -> str:
-    """A model folder or hub id; "default" (or empty) is the shipped zoo's `kind` (target, draft, medusa, ...)."""
+def resolve_model(name: str, kind: str, flag: str = "--target", target=None) -> str:
+    """A model folder or hub id; "default" (or empty) is the shipped zoo's `kind` (target, draft, medusa, ...): for
+    a draft of a named real target (`target` given: SmolLM2), the one shipped for it (`<target>/<kind>`)."""
     from draftkit.models import hub_problem, looks_like_path, resolve
     from draftkit.zoo import ZooError
 
     if name in ("", "default", None):
         try:
+            if target is not None:
+                from draftkit.drafters.registry import shipped_name
+                kind = shipped_name(target, kind)
             path = Path(resolve(None, kind)).resolve()
         except ZooError as err:
             raise TrainError(f"{flag} default: {err}") from None

@@ -74,7 +74,7 @@ def initial_draft(cfg, target):
     """The draft of cfg.init_from (default: the shipped DFlash), checked against this run's settings."""
     from draftkit.drafters.dflash_formats import load_dflash_draft
 
-    folder = resolve_model(cfg.init_from, "dflash", "--init_from")
+    folder = resolve_model(cfg.init_from, "dflash", "--init_from", target)
     try:
         draft = load_dflash_draft(folder, target).float().train()
     except (OSError, ValueError) as err:

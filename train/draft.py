@@ -55,7 +55,7 @@ class DraftConfig(TargetDataConfig):
 
 def build_draft(cfg, target) -> torch.nn.Module:
     if cfg.init_from:
-        path = resolve_model(cfg.init_from, "draft", "--init_from")
+        path = resolve_model(cfg.init_from, "draft", "--init_from", target)
         try:
             draft = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
         except (OSError, ValueError) as err:  # an EAGLE / Medusa / DFlash folder, or no model at all

@@ -221,7 +221,7 @@ def initial_draft(cfg, target):
     from draftkit.drafters.formats import load_eagle_draft
 
     kind = "eagle3" if len(cfg.feature_layers) > 1 else "eagle"
-    folder = resolve_model(cfg.init_from, kind, "--init_from")
+    folder = resolve_model(cfg.init_from, kind, "--init_from", target)
     try:
         draft = load_eagle_draft(folder, target).float().train()
     except (OSError, ValueError) as err:
