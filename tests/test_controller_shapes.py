@@ -85,3 +85,53 @@ def test_first_children_counts_the_accepted_path_through_first_children():
     assert tree.first_children([0, 2, 5]) == 2
     assert tree.first_children([0, 3]) == 1
     assert tree.first_children([1, 3]) == 0 and tree.first_children([]) == 0
+
+
+def jump_steps(policy, steps: int, pass_rate: float, deep_rate: float, first_rate: float | None = None,
+               seed: int = 0):
+    """Simulated steps on a curve that jumps at 4 nodes (1.05 plain steps up to 3 nodes, 1.6 from 4: a CPU BLAS's
+    small products); level 1 passes `pass_rate` in a tree and `first_rate` by its first child (a chain's chance;
+    default: the same), every deeper level `deep_rate`."""
+    from draftkit.verify.cost_profile import CostProfile
+
+    rng, now, given = random.Random(seed), [0.0], []
+    policy.clock = lambda: now[0]
+    cost = lambda n: 1.05 if n <= 3 else 1.6  # noqa: E731
+    plain_s = policy.profile.plain_s
+    for _ in range(steps):
+        b = policy.budget(100)
+        given.append(b)
+        if not b.max_depth:
+            now[0] += plain_s
+            policy.observe(StepStats(0, 0, 0, 1, 0.0, plain_s), 100)
+            continue
+        first = pass_rate if first_rate is None else first_rate
+        by_first = rng.random() < first  # level 1 by the first child; a tree's siblings may pass where it fails
+        accepted = int(by_first or b.max_nodes > b.max_depth and rng.random() < (pass_rate - first) / (1 - first))
+        while 0 < accepted < b.max_depth and rng.random() < deep_rate:
+            accepted += 1
+        step = StepStats(b.max_nodes, b.max_depth, accepted, accepted + 1, 0.0004 * b.max_depth,
+                         plain_s * cost(b.max_nodes), budget_depth=b.max_depth, budget_nodes=b.max_nodes,
+                         first_accepted=accepted if by_first else 0)
+        now[0] += step.draft_s + step.verify_s
+        policy.observe(step, 100)
+    assert isinstance(policy.profile, CostProfile)
+    return given
+
+
+def test_a_new_text_that_passes_deep_is_drafted_deep_though_the_tree_would_cost_a_jump():
+    """A tree drafter (2 nodes a level) learned on one text that level 2 seldom passes and that its siblings pay
+    (level 1: 60% by the tree, 30% by its first child); the next sequence passes
+    every level 97% of the time. Its tree at depth 2 (4 nodes) costs the curve's jump, so the tree alone stays at
+    depth 1 and never measures level 2; the model's faster shape for a new sequence's first steps (the chain,
+    2 nodes at depth 2) measures it, and the sequence drafts deep."""
+    from draftkit.verify.cost_profile import CostProfile
+
+    sizes = list(range(1, 17)) + [32, 64]
+    profile = CostProfile(0.01, sizes, [1.05 if n <= 3 else 1.6 for n in sizes], context=128)
+    policy = AutoBudget(None, Budget(12, 24), profile=profile, cache_profile=False)
+    jump_steps(policy, 300, pass_rate=0.6, first_rate=0.3, deep_rate=0.1)
+    assert not policy._realized_prefers_chain()  # its siblings paid on that text: the tree is the shape
+    policy.start(100)
+    given = jump_steps(policy, 80, pass_rate=0.97, deep_rate=0.97, seed=1)
+    assert sum(b.max_depth for b in given[-30:]) / 30 >= 4
