@@ -8,6 +8,17 @@ from draftkit.verify.stats import StepStats
 from tests.test_controller import flat
 
 
+def next_budget(policy, given: list, now: list, plain_s: float):
+    """The policy's next budget, recorded in `given`; a plain step is run here (None returned)."""
+    b = policy.budget(100)
+    given.append(b)
+    if b.max_depth:
+        return b
+    now[0] += plain_s
+    policy.observe(StepStats(0, 0, 0, 1, 0.0, plain_s), 100)
+    return None
+
+
 def shaped_steps(policy, steps: int, first_pass: float, tree_pass: float, per_node: float, seed: int = 0,
                  overhead: float = 0.0):
     """Run a tree drafter's controller on simulated steps: each level passes with `tree_pass` when a tree was
@@ -17,11 +28,8 @@ def shaped_steps(policy, steps: int, first_pass: float, tree_pass: float, per_no
     rng, plain_s, given, now = random.Random(seed), policy.profile.plain_s, [], [0.0]
     policy.clock = lambda: now[0]  # simulated time: each step takes what it reports
     for _ in range(steps):
-        b = policy.budget(100)
-        given.append(b)
-        if not b.max_depth:
-            now[0] += plain_s
-            policy.observe(StepStats(0, 0, 0, 1, 0.0, plain_s), 100)
+        b = next_budget(policy, given, now, plain_s)
+        if b is None:
             continue
         chain = b.max_nodes == b.max_depth
         accepted = first = 0
@@ -99,11 +107,8 @@ def jump_steps(policy, steps: int, pass_rate: float, deep_rate: float, first_rat
     cost = lambda n: 1.05 if n <= 3 else 1.6  # noqa: E731
     plain_s = policy.profile.plain_s
     for _ in range(steps):
-        b = policy.budget(100)
-        given.append(b)
-        if not b.max_depth:
-            now[0] += plain_s
-            policy.observe(StepStats(0, 0, 0, 1, 0.0, plain_s), 100)
+        b = next_budget(policy, given, now, plain_s)
+        if b is None:
             continue
         first = pass_rate if first_rate is None else first_rate
         by_first = rng.random() < first  # level 1 by the first child; a tree's siblings may pass where it fails

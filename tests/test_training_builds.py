@@ -116,16 +116,22 @@ def test_real_target_build_commands_parse(tmp_path, mode):
     argv = ["bash", "recipes/smollm2/build.sh"] + (["--gpu"] if mode == "gpu" else [])
     printed = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, check=True).stdout
     commands = [shlex.split(line[2:].split(" > ")[0]) for line in printed.splitlines() if line.startswith("+ python")]
-    stages = ["chat_prompts", "prepare_data", "eagle"] + (["eagle"] if mode == "cpu" else []) + \
-        ["eagle", "draft", "medusa", "dflash", "eagle", "compare"] + ["export"] * 6
+    stages = ["chat_prompts", "prepare_data", "eagle"] + (["eagle", "chat_prompts", "eagle"] if mode == "cpu" else []) \
+        + ["eagle", "draft", "medusa", "dflash", "eagle", "compare"] + ["export"] * 6
     assert [Path(c[1]).stem for c in commands] == stages
-    data, trains, evaluate, exports = commands[1], commands[2:-7], commands[-7], commands[-6:]
+    more = [c for c in commands[2:] if Path(c[1]).stem == "chat_prompts"]  # CPU: further conversations
+    data, evaluate, exports = commands[1], commands[-7], commands[-6:]
+    trains = [c for c in commands[2:-7] if c not in more]
     (out / "prompts.jsonl").write_text("")  # what the first stage writes: the recipes check that their corpus exists
+    (out / "prompts_more.jsonl").write_text("")
     cfg = parse_config(config_class(importlib.import_module("draftkit.train.prepare_data")), data[2:])
     runs = [parse_config(config_class(importlib.import_module(f"draftkit.train.{Path(c[1]).stem}")), c[2:])
             for c in trains]
-    for c in [cfg] + runs:  # every stage reads the shards the data stage made: the same data settings
-        assert c.corpus == str(out / "prompts.jsonl") and c.cache_dir == str(out / "cache") and c.regenerate
+    for c in [cfg] + runs:  # every stage reads the shards the data stage made (or, CPU, the further conversations
+        # alike): the same data settings
+        first = c.corpus == str(out / "prompts.jsonl")
+        assert first or mode == "cpu" and c is runs[2] and c.corpus == more[0][more[0].index("--out") + 1]
+        assert c.cache_dir == str(out / "cache") and c.regenerate and c.regen_dtype == cfg.regen_dtype
         assert (c.seq_len, c.messages_column, c.shard_rows, c.regen_max_new_tokens) == \
             (cfg.seq_len, "messages", cfg.shard_rows, cfg.regen_max_new_tokens)
         assert c.train_rows <= cfg.train_rows
@@ -142,7 +148,9 @@ def test_real_target_build_commands_parse(tmp_path, mode):
         assert all(r.mixed_precision == "bf16" and r.max_steps == 1000 for r in (draft, medusa, dflash, peagle))
     else:
         assert runs[1].init_from == str(final) and runs[1].output_dir == str(out / "eagle3-2")
-        final = out / "eagle3-2" / "final"
+        assert runs[2].init_from == str(out / "eagle3-2" / "final") and runs[2].output_dir == str(out / "eagle3-3")
+        assert more[0][more[0].index("--exclude") + 1] == str(out / "prompts.jsonl")  # none of the first file's
+        final = out / "eagle3-3" / "final"
     assert peagle.init_from == str(final)
     from draftkit.eval.cli import parse_args
 

@@ -4,8 +4,10 @@
 #   prompts   training conversations built offline (train/chat_prompts.py), disjoint from every evaluation prompt
 #   data      the target answers them with its chat template; its hidden states stored once (recipes/smollm2/data.yaml)
 #   eagle3    EAGLE-3 in the reference layout (recipes/smollm2/eagle3.yaml), on the first 768 conversations
-#   eagle3-2  the same draft continued on all 1,536 (recipes/smollm2/eagle3_continue.yaml): what ships
-#             (not with --gpu, whose first stage reads 8,192 conversations)
+#   eagle3-2  the same draft continued on all 1,536 (recipes/smollm2/eagle3_continue.yaml)
+#   prompts-more, eagle3-3  1,536 further conversations (none of the first file's), answered and stored alike,
+#             and the draft continued on them (recipes/smollm2/eagle3_more.yaml): what ships
+#             (eagle3-2 and eagle3-3 not with --gpu, whose first stage reads 8,192 conversations)
 #   eagle2    EAGLE-2 in the reference layout (recipes/smollm2/eagle2.yaml) on the same stored data (its last layer)
 #   draft     a standalone 2-layer draft distilled from the target (recipes/smollm2/draft.yaml)
 #   medusa1   three Medusa-1 heads on the target's LM head (recipes/smollm2/medusa1.yaml)
@@ -18,8 +20,9 @@
 # A stage whose output exists is skipped; a killed stage resumes (shards, checkpoints). Logs: <OUT>/<stage>.log.
 #   OUT=runs/smollm2    where everything goes (any path)
 #   DRY_RUN=1           print the commands (and which stages are done) without running anything
-# On 2 CPU cores: about two hours for the data (1,536 conversations), 40 minutes for each EAGLE-3 stage, 20 for
-# EAGLE-2, 10-30 for each of the other four (600 steps).
+# On 2 CPU cores (EPYC, fp32): about two hours for the data (1,536 conversations), 40 minutes for each EAGLE-3
+# stage, 20 for EAGLE-2, 10-30 for each of the other four (600 steps). On 2 Xeon cores with AMX (answers in bf16):
+# 50 minutes for 1,536 conversations (35 answering, 13 storing hidden states), 25 for an EAGLE-3 stage.
 #
 # bash recipes/smollm2/build.sh --gpu   (OUT defaults to runs/smollm2-gpu)
 # Sized for about 12 minutes on one H200: 8,192 conversations answered in batches of 512 (bf16), EAGLE-3 for
@@ -62,10 +65,15 @@ run_stage eagle3 "$OUT/eagle3/final/train_report.json" python train/eagle.py --c
   "${DATA[@]}" --output_dir "$OUT/eagle3" "${TRAIN[@]}"
 FINAL=$OUT/eagle3/final
 if [[ $GPU == 0 ]]; then  # on a GPU the first stage already reads 8,192 conversations
-  FINAL=$OUT/eagle3-2/final
-  run_stage eagle3-2 "$FINAL/train_report.json" python train/eagle.py \
+  run_stage eagle3-2 "$OUT/eagle3-2/final/train_report.json" python train/eagle.py \
     --config recipes/smollm2/eagle3_continue.yaml "${DATA[@]}" --init_from "$OUT/eagle3/final" \
     --output_dir "$OUT/eagle3-2"
+  MORE_PROMPTS=$OUT/prompts_more.jsonl  # further conversations, none of the first file's
+  run_stage prompts-more "$MORE_PROMPTS" python train/chat_prompts.py --out "$MORE_PROMPTS" --rows "$ROWS" --seed 1 \
+    --exclude "$PROMPTS"
+  FINAL=$OUT/eagle3-3/final
+  run_stage eagle3-3 "$FINAL/train_report.json" python train/eagle.py --config recipes/smollm2/eagle3_more.yaml \
+    --corpus "$MORE_PROMPTS" --cache_dir "$OUT/cache" --init_from "$OUT/eagle3-2/final" --output_dir "$OUT/eagle3-3"
 fi
 run_stage eagle2 "$OUT/eagle2/final/train_report.json" python train/eagle.py --config recipes/smollm2/eagle2.yaml \
   "${DATA[@]}" --output_dir "$OUT/eagle2" "${TRAIN[@]}"
@@ -88,4 +96,4 @@ for kind in eagle2 peagle dflash medusa1 draft; do
     --format vllm --out "$OUT/export-vllm-$kind" --target smollm2-135m --check
 done
 echo "ship them: python train/ship.py --name smollm2-135m/eagle --source $(printf '%q' "$OUT/eagle2/final") --recipe recipes/smollm2/eagle2.yaml --command \"bash recipes/smollm2/build.sh\""
-echo "           python train/ship.py --name smollm2-135m/eagle3 --source $(printf '%q' "$FINAL") --recipe recipes/smollm2/eagle3$([[ $GPU == 1 ]] || echo _continue).yaml --command \"bash recipes/smollm2/build.sh\""
+echo "           python train/ship.py --name smollm2-135m/eagle3 --source $(printf '%q' "$FINAL") --recipe recipes/smollm2/eagle3$([[ $GPU == 1 ]] || echo _more).yaml --command \"bash recipes/smollm2/build.sh\""
