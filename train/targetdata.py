@@ -274,11 +274,12 @@ def target_data(cfg, target, tokenizer, acc, layers=(), seed: int | None = None)
         conversations = None
     tfp = target_fingerprint(target) if cfg.regenerate or cfg.data_mode == "cached" else ""
     # shard i depends on i and these settings only, so a larger train_rows keeps the shards already made
+    written = writer_dtype(cfg, target) if cfg.regenerate else None  # None: by the target itself
     rkey = digest(tfp if cfg.regenerate else "", corpus.fingerprint, cfg.messages_column, cfg.seq_len, cfg.shard_rows,
                   cfg.regenerate, cfg.regen_prompt_len if cfg.regenerate else 0,
                   *([cfg.regen_max_new_tokens] if cfg.regen_max_new_tokens else []),
                   cfg.regen_temperatures if cfg.regenerate else [], cfg.data_seed,
-                  *([f"written in {writer_dtype(cfg, target)}"] if cfg.regenerate and writer_dtype(cfg, target) else []))
+                  *([f"written in {written}"] if written else []))
     store = RowStore(cfg, target, tokenizer, train_stream, conversations, rkey, acc)
     with acc.main_process_first():
         rows, mask = store.build()

@@ -215,10 +215,13 @@ class AutoBudget:
         pass is never drafted and never measured. The hybrid's tree (two nodes a level) verifies 4 nodes at depth
         2, which on one CPU BLAS cost 1.61 plain steps against 1.07 for 2: after chat requests had taught it that
         level 2 seldom passes, it drafted one level of a summary its suffix member quoted 9 levels deep alone."""
-        plans = [self._plan_shape(shape) for shape in (self.shapes() if chain is None else [chain])]
-        chosen = plans[0]
+        first, *rest = self.shapes() if chain is None else [chain]
+        chosen = self._plan_shape(first)
         by_model = self._model_steps > 0 and self._run_left == 0
-        for other in plans[1:]:
+        for shape in rest:  # planned only when it can be chosen: plan() runs before every step
+            if chosen[0] and not by_model:
+                break
+            other = self._plan_shape(shape)
             if chosen[0] == 0 and other[0] or by_model and _rate(other) > (1 + DRAFT_MARGIN) * _rate(chosen):
                 chosen = other
         return chosen
