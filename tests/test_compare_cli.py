@@ -281,6 +281,8 @@ def test_your_own_target_is_not_offered_the_shipped_targets_drafts(capsys, no_mo
     args = cli.parse_args(["--target", str(tmp_path)])
     cli.check_drafters(args, cli.drafter_choices())
     assert set(args.drafter_names) == {"lookahead", "suffix", "hybrid"}
+    note = capsys.readouterr().err.strip()  # said in one line, not left out silently
+    assert note.startswith("compare.py: all leaves out ") and "eagle3" in note and "\n" not in note, note
     line = usage_error(capsys, "--target", str(tmp_path), "--drafters", "suffix,eagle3")
     assert f"--drafters: eagle3 needs a draft made for {tmp_path}; the shipped drafts were made for the " \
            "shipped target" in line and line.endswith("--eagle3 DIR"), line

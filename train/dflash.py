@@ -37,8 +37,8 @@ from draftkit.train.targetdata import TargetDataConfig, target_data  # noqa: E40
 
 @dataclass
 class DFlashTrainConfig(TargetDataConfig):
-    target: str = field("default", "target model (a folder, a hub id, or default: the shipped target); its "
-                                   "tokenizer is used too")
+    target: str = field("default", "target model (a folder, a hub id, a GGUF file, a named real target such as "
+                                   "smollm2-135m, or default: the shipped target); its tokenizer is used too")
     block_size: int = field(9, "B: the root and B - 1 masked positions drafted in one forward (B - 1 draft tokens "
                                "per step at most)")
     draft_layers: int = field(3, "decoder layers of the draft")

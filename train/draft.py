@@ -30,7 +30,8 @@ from draftkit.train.targetdata import TargetDataConfig, target_data  # noqa: E40
 
 @dataclass
 class DraftConfig(TargetDataConfig):
-    target: str = field("default", "target model to distil from: a folder, a hub id, or default (the shipped target)")
+    target: str = field("default", "target model to distil from: a folder, a hub id, a GGUF file, a named real "
+                                   "target such as smollm2-135m, or default (the shipped target)")
     init_from: str = field("", "start from this causal LM (folder, hub id, or default: the shipped draft) instead "
                                "of random weights")
     lora_r: int = field(0, "with init_from: train LoRA adapters of this rank only (0: full fine-tune)")

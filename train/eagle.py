@@ -59,8 +59,8 @@ from draftkit.train.targetdata import TargetDataConfig, target_data  # noqa: E40
 
 @dataclass
 class EagleTrainConfig(TargetDataConfig):
-    target: str = field("default", "target model (a folder, a hub id, or default: the shipped target); its "
-                                   "tokenizer is used too")
+    target: str = field("default", "target model (a folder, a hub id, a GGUF file, a named real target such as "
+                                   "smollm2-135m, or default: the shipped target); its tokenizer is used too")
     feature_layers: list[int] = field([], "hidden-state indices the draft reads (0 = embeddings, -1 = last): [] = "
                                           "the last only (EAGLE-1/2); three, e.g. [1, 3, -1], = EAGLE-3 "
                                           "low/mid/high fusion; auto = EAGLE-3's three from the target's config "

@@ -46,7 +46,8 @@ from draftkit.train.targetdata import TargetDataConfig, target_data  # noqa: E40
 
 @dataclass
 class MedusaConfig(TargetDataConfig):
-    target: str = field("default", "the target model: a folder, a hub id, or default (the shipped target)")
+    target: str = field("default", "the target model: a folder, a hub id, a GGUF file, a named real target such as "
+                                   "smollm2-135m, or default (the shipped target)")
     tokenizer_dir: str = field("", "tokenizer (empty: the target's folder)")
     mode: str = field("medusa1", "medusa1 (frozen target) or medusa2 (joint LoRA fine-tune of the target)")
     num_heads: int = field(4, "Medusa heads (head k predicts the token k + 2 ahead of its position)")

@@ -31,7 +31,8 @@ DATA_FIELDS = {"corpus", "text_column", "cache_dir", "seq_len", "output_dir"}  #
 class PrepareConfig(TargetDataConfig):
     reads_other_recipes = True  # a recipe YAML holds keys this script does not use (lr, ...): only its data fields
     unused_flags = frozenset(f.name for f in fields(TrainConfig)) - DATA_FIELDS  # taken, not listed in --help
-    target: str = field("default", "target model (a folder, a hub id, or default: the shipped target)")
+    target: str = field("default", "target model (a folder, a hub id, a GGUF file, a named real target such as "
+                                   "smollm2-135m, or default: the shipped target)")
     layers: list[int] = field([-1], "hidden_states indices to store (0 = embeddings, -1 = the last); the last is "
                                     "always stored; auto = EAGLE-3's three from the target's config, (2, L//2, L-3), "
                                     "and the last", auto=True)
