@@ -116,20 +116,30 @@ def test_real_target_build_commands_parse(tmp_path, mode):
     argv = ["bash", "recipes/smollm2/build.sh"] + (["--gpu"] if mode == "gpu" else [])
     printed = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, check=True).stdout
     commands = [shlex.split(line[2:].split(" > ")[0]) for line in printed.splitlines() if line.startswith("+ python")]
-    stages = ["chat_prompts", "prepare_data", "eagle"] + (["eagle", "chat_prompts", "eagle"] if mode == "cpu" else []) \
+    stages = ["chat_prompts"] + (["self_instruct"] if mode == "gpu" else []) + ["prepare_data", "eagle"] \
+        + (["eagle", "chat_prompts", "eagle"] if mode == "cpu" else []) \
         + ["eagle", "draft", "medusa", "dflash", "eagle", "compare"] + ["export"] * 6
     assert [Path(c[1]).stem for c in commands] == stages
+    if mode == "gpu":  # the target's own chat requests spread among the templated ones: the data's corpus
+        from draftkit.train.self_instruct import parse_args as self_instruct_args
+
+        (out / "prompts.jsonl").write_text("")
+        si = self_instruct_args(commands.pop(1)[2:])
+        assert si.mix_into == si.exclude[0] == str(out / "prompts.jsonl") and si.target == "smollm2-135m"
+        corpus = out / "prompts_self.mixed.jsonl"
+    else:
+        corpus = out / "prompts.jsonl"
     more = [c for c in commands[2:] if Path(c[1]).stem == "chat_prompts"]  # CPU: further conversations
     data, evaluate, exports = commands[1], commands[-7], commands[-6:]
     trains = [c for c in commands[2:-7] if c not in more]
-    (out / "prompts.jsonl").write_text("")  # what the first stage writes: the recipes check that their corpus exists
+    corpus.write_text("")  # what the first stages write: the recipes check that their corpus exists
     (out / "prompts_more.jsonl").write_text("")
     cfg = parse_config(config_class(importlib.import_module("draftkit.train.prepare_data")), data[2:])
     runs = [parse_config(config_class(importlib.import_module(f"draftkit.train.{Path(c[1]).stem}")), c[2:])
             for c in trains]
     for c in [cfg] + runs:  # every stage reads the shards the data stage made (or, CPU, the further conversations
         # alike): the same data settings
-        first = c.corpus == str(out / "prompts.jsonl")
+        first = c.corpus == str(corpus)
         assert first or mode == "cpu" and c is runs[2] and c.corpus == more[0][more[0].index("--out") + 1]
         assert c.cache_dir == str(out / "cache") and c.regenerate and c.regen_dtype == cfg.regen_dtype
         assert (c.seq_len, c.messages_column, c.shard_rows, c.regen_max_new_tokens) == \

@@ -106,10 +106,14 @@ def snippets(files: list[tuple[str, str]], rng: random.Random, max_chars: int = 
     return out
 
 
-def general(rng: random.Random) -> tuple[str, str]:
+GENERAL_KINDS = ("writing", "roleplay", "reasoning", "math", "stem", "humanities")
+
+
+def general(rng: random.Random, kind: str | None = None) -> tuple[str, str]:
+    """(kind, request) of a general kind (`kind`, or one drawn)."""
     fill = dict(a=rng.choice(THINGS_A), b=rng.choice(THINGS_B), c=rng.choice(THINGS_C), r=rng.choice(ROLE_NAMES),
                 x=rng.randint(2, 90), y=rng.randint(2, 12), z=rng.randint(100, 500))
-    kind = rng.choice(["writing", "roleplay", "reasoning", "math", "stem", "humanities"])
+    kind = kind or rng.choice(GENERAL_KINDS)
     if kind in ("stem", "humanities"):
         topic = rng.choice(SCIENCE if kind == "stem" else HUMANITIES)
         return kind, rng.choice(ASK_TOPIC).format(t=topic)

