@@ -118,7 +118,8 @@ def test_real_target_build_commands_parse(tmp_path, mode):
     commands = [shlex.split(line[2:].split(" > ")[0]) for line in printed.splitlines() if line.startswith("+ python")]
     stages = ["chat_prompts"] + (["self_instruct"] if mode == "gpu" else []) + ["prepare_data", "eagle"] \
         + (["eagle", "chat_prompts", "eagle"] if mode == "cpu" else []) \
-        + ["eagle", "draft", "medusa", "dflash", "eagle", "compare"] + ["export"] * 6
+        + ["eagle"] + (["eagle"] if mode == "cpu" else []) + ["draft", "medusa", "dflash", "eagle", "compare"] \
+        + ["export"] * 6
     assert [Path(c[1]).stem for c in commands] == stages
     if mode == "gpu":  # the target's own chat requests spread among the templated ones: the data's corpus
         from draftkit.train.self_instruct import parse_args as self_instruct_args
@@ -137,19 +138,22 @@ def test_real_target_build_commands_parse(tmp_path, mode):
     cfg = parse_config(config_class(importlib.import_module("draftkit.train.prepare_data")), data[2:])
     runs = [parse_config(config_class(importlib.import_module(f"draftkit.train.{Path(c[1]).stem}")), c[2:])
             for c in trains]
+    continued = runs[2:3] + runs[4:5] if mode == "cpu" else []  # CPU: EAGLE-3 and EAGLE-2 on further conversations
     for c in [cfg] + runs:  # every stage reads the shards the data stage made (or, CPU, the further conversations
         # alike): the same data settings
         first = c.corpus == str(corpus)
-        assert first or mode == "cpu" and c is runs[2] and c.corpus == more[0][more[0].index("--out") + 1]
+        assert first or c in continued and c.corpus == more[0][more[0].index("--out") + 1]
         assert c.cache_dir == str(out / "cache") and c.regenerate and c.regen_dtype == cfg.regen_dtype
         assert (c.seq_len, c.messages_column, c.shard_rows, c.regen_max_new_tokens) == \
             (cfg.seq_len, "messages", cfg.shard_rows, cfg.regen_max_new_tokens)
         assert c.train_rows <= cfg.train_rows
-    eagle3, eagle2, draft, medusa, dflash, peagle = runs[-6], runs[-5], runs[-4], runs[-3], runs[-2], runs[-1]
+    eagle2s = runs[3:5] if mode == "cpu" else runs[1:2]  # EAGLE-2 (CPU: and its continuation)
+    eagle3, eagle2, draft, medusa, dflash, peagle = runs[-7 if mode == "cpu" else -6], eagle2s[-1], *runs[-4:]
     assert eagle3.train_rows == eagle2.train_rows == cfg.train_rows  # what ships read all of it
-    for train in runs[:-5] + [peagle]:  # EAGLE-3 (and its continuation) and P-EAGLE read (2, L//2, L-3) of 30
+    for train in [r for r in runs[:-4] if r not in eagle2s] + [peagle]:  # EAGLE-3 (and its continuations) and
+        # P-EAGLE read (2, L//2, L-3) of 30
         assert train.layout == "reference" and train.feature_layers == "auto"
-    assert eagle2.layout == "reference" and list(eagle2.feature_layers) == []
+    assert all(e.layout == "reference" and list(e.feature_layers) == [] for e in eagle2s)
     assert dflash.target_layers == "auto" and cfg.layers[:3] == three_layers(30)  # stored once, shared
     assert medusa.share_lm_head and peagle.parallel_depths > 1 and draft.hidden_size < 576
     final = out / "eagle3" / "final"
@@ -160,6 +164,7 @@ def test_real_target_build_commands_parse(tmp_path, mode):
         assert runs[1].init_from == str(final) and runs[1].output_dir == str(out / "eagle3-2")
         assert runs[2].init_from == str(out / "eagle3-2" / "final") and runs[2].output_dir == str(out / "eagle3-3")
         assert more[0][more[0].index("--exclude") + 1] == str(out / "prompts.jsonl")  # none of the first file's
+        assert eagle2.init_from == str(out / "eagle2" / "final") and eagle2.output_dir == str(out / "eagle2-2")
         final = out / "eagle3-3" / "final"
     assert peagle.init_from == str(final)
     from draftkit.eval.cli import parse_args

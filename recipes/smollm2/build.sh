@@ -11,6 +11,7 @@
 #             and the draft continued on them (recipes/smollm2/eagle3_more.yaml): what ships
 #             (eagle3-2 and eagle3-3 not with --gpu, whose first stage reads 8,192 conversations)
 #   eagle2    EAGLE-2 in the reference layout (recipes/smollm2/eagle2.yaml) on the same stored data (its last layer)
+#   eagle2-2  (not with --gpu) EAGLE-2 continued on the further conversations (recipes/smollm2/eagle2_more.yaml): ships
 #   draft     a standalone 2-layer draft distilled from the target (recipes/smollm2/draft.yaml)
 #   medusa1   three Medusa-1 heads on the target's LM head (recipes/smollm2/medusa1.yaml)
 #   dflash    a DFlash block drafter over the stored layers (recipes/smollm2/dflash.yaml)
@@ -85,6 +86,12 @@ if [[ $GPU == 0 ]]; then  # on a GPU the first stage already reads 8,192 convers
 fi
 run_stage eagle2 "$OUT/eagle2/final/train_report.json" python train/eagle.py --config recipes/smollm2/eagle2.yaml \
   "${DATA[@]}" --output_dir "$OUT/eagle2" "${TRAIN[@]}"
+EAGLE2=$OUT/eagle2/final
+if [[ $GPU == 0 ]]; then  # EAGLE-2 continued on the further conversations too: what ships
+  EAGLE2=$OUT/eagle2-2/final
+  run_stage eagle2-2 "$EAGLE2/train_report.json" python train/eagle.py --config recipes/smollm2/eagle2_more.yaml \
+    --corpus "$MORE_PROMPTS" --cache_dir "$OUT/cache" --init_from "$OUT/eagle2/final" --output_dir "$OUT/eagle2-2"
+fi
 for stage in draft:draft medusa1:medusa dflash:dflash; do  # recipe:script
   kind=${stage%%:*} script=${stage#*:}
   run_stage "$kind" "$OUT/$kind/final/train_report.json" python "train/$script.py" \
@@ -94,14 +101,16 @@ run_stage peagle "$OUT/peagle/final/train_report.json" python train/eagle.py --c
   "${DATA[@]}" --init_from "$FINAL" --output_dir "$OUT/peagle" "${MORE[@]}"
 run_stage evaluate "$OUT/compare/compare.json" python eval/compare.py --target smollm2-135m \
   --drafters eagle3,eagle,peagle,dflash,medusa,standalone,suffix,lookahead,hybrid --eagle3 "$FINAL" \
-  --eagle "$OUT/eagle2/final" --peagle "$OUT/peagle/final" --dflash "$OUT/dflash/final" \
+  --eagle "$EAGLE2" --peagle "$OUT/peagle/final" --dflash "$OUT/dflash/final" \
   --medusa "$OUT/medusa1/final" --draft "$OUT/draft/final" \
   --tasks chat,humaneval --prompts 2 --max-new-tokens 96 --repeats 1 --out "$OUT/compare"
 run_stage export "$OUT/export-vllm/config.json" python train/export.py "$FINAL" --format vllm \
   --out "$OUT/export-vllm" --target smollm2-135m --check
-for kind in eagle2 peagle dflash medusa1 draft; do
+run_stage export-eagle2 "$OUT/export-vllm-eagle2/config.json" python train/export.py "$EAGLE2" \
+  --format vllm --out "$OUT/export-vllm-eagle2" --target smollm2-135m --check
+for kind in peagle dflash medusa1 draft; do
   run_stage "export-$kind" "$OUT/export-vllm-$kind/config.json" python train/export.py "$OUT/$kind/final" \
     --format vllm --out "$OUT/export-vllm-$kind" --target smollm2-135m --check
 done
-echo "ship them: python train/ship.py --name smollm2-135m/eagle --source $(printf '%q' "$OUT/eagle2/final") --recipe recipes/smollm2/eagle2.yaml --command \"bash recipes/smollm2/build.sh\""
+echo "ship them: python train/ship.py --name smollm2-135m/eagle --source $(printf '%q' "$EAGLE2") --recipe recipes/smollm2/eagle2$([[ $GPU == 1 ]] || echo _more).yaml --command \"bash recipes/smollm2/build.sh\""
 echo "           python train/ship.py --name smollm2-135m/eagle3 --source $(printf '%q' "$FINAL") --recipe recipes/smollm2/eagle3$([[ $GPU == 1 ]] || echo _more).yaml --command \"bash recipes/smollm2/build.sh\""
