@@ -30,3 +30,10 @@ def write_atomically(path, write: Callable[[str], None]) -> None:
 
 def write_text_atomically(path, text: str) -> None:
     write_atomically(path, lambda scratch: Path(scratch).write_text(text, encoding="utf-8"))
+
+
+def write_jsonl_atomically(path, rows) -> None:
+    """One JSON object per line (a prompts file), written atomically."""
+    import json
+
+    write_text_atomically(path, "".join(json.dumps(row) + "\n" for row in rows))

@@ -186,7 +186,7 @@ def main(argv=None) -> None:
     for path in args.exclude:
         if not os.path.isfile(path):
             ap.error(f"--exclude {path}: no such file")
-    from draftkit.files import write_text_atomically
+    from draftkit.files import write_jsonl_atomically
 
     try:
         exclude = frozenset().union(*(user_texts(p) for p in args.exclude))
@@ -196,7 +196,7 @@ def main(argv=None) -> None:
     if len(rows) < args.rows:
         print(f"the generator's space ran out: {len(rows)} distinct conversations of the {args.rows} asked for",
               file=sys.stderr)
-    write_text_atomically(args.out, "".join(json.dumps(row) + "\n" for row in rows))
+    write_jsonl_atomically(args.out, rows)
     kinds = {}
     for row in rows:
         kinds[row["kind"]] = kinds.get(row["kind"], 0) + 1

@@ -21,6 +21,7 @@ take, hold both.
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import os
 import random
@@ -93,12 +94,17 @@ def keep(text: str, seen: set[str], banned: set[str]) -> bool:
     return MIN_WORDS <= words <= MAX_WORDS and normalized(text) not in seen and not runs(text) & banned
 
 
+def batch_seed(seed: int, batch: int) -> int:
+    """The seed of batch `batch`'s examples and sampling: a resumed run draws what the interrupted one would have."""
+    return seed * 1_000_003 + batch
+
+
 def batch_conversations(seed: int, batch: int, size: int) -> list[tuple[str, list[dict]]]:
     """(kind, request-writing conversation) for batch `batch`: deterministic in (seed, batch), so a resumed run
     asks what the interrupted one would have."""
     from draftkit.train.chat_prompts import general
 
-    rng = random.Random(seed * 1_000_003 + batch)
+    rng = random.Random(batch_seed(seed, batch))
     out = []
     for _ in range(size):
         kind = rng.choice(list(KINDS))
@@ -108,7 +114,7 @@ def batch_conversations(seed: int, batch: int, size: int) -> list[tuple[str, lis
 
 def write_requests(writer, tokenizer, args, done: list[dict], seen: set[str], banned: set[str], progress) -> None:
     """Batches until --rows are kept; each batch's rows are appended to `done` and written (atomically)."""
-    from draftkit.files import write_text_atomically
+    from draftkit.files import write_jsonl_atomically
     from draftkit.train.target_rows import regenerate_conversations
 
     batch = len(done) and max(r["batch"] for r in done) + 1
@@ -117,7 +123,7 @@ def write_requests(writer, tokenizer, args, done: list[dict], seen: set[str], ba
             return
         asked = batch_conversations(args.seed, b, args.batch_size)
         answered = regenerate_conversations(writer, tokenizer, [c for _, c in asked], args.max_new_tokens + 1024,
-                                            args.temperature, args.seed * 1_000_003 + b, args.max_new_tokens)
+                                            args.temperature, batch_seed(args.seed, b), args.max_new_tokens)
         for (kind, _), conv in zip(asked, answered):
             text = cleaned(conv[-1]["content"])
             if len(done) < args.rows and keep(text, seen, banned):
@@ -125,9 +131,10 @@ def write_requests(writer, tokenizer, args, done: list[dict], seen: set[str], ba
                 done.append({"messages": [{"role": "user", "content": text}, {"role": "assistant", "content": ""}],
                              "kind": kind, "source": "self-instruct", "batch": b})
                 progress.update(1)
-        write_text_atomically(args.out, "".join(json.dumps(r) + "\n" for r in done))
-    print(f"self_instruct.py: {args.max_batches} batches kept {len(done)} of the {args.rows} requests asked for; "
-          "rerun to continue", file=sys.stderr)
+        write_jsonl_atomically(args.out, done)
+    if len(done) < args.rows:  # --max_batches ran out first
+        print(f"self_instruct.py: {args.max_batches} batches kept {len(done)} of the {args.rows} requests asked "
+              "for; rerun to continue", file=sys.stderr)
 
 
 def spread(base: list[dict], new: list[dict]) -> list[dict]:
@@ -209,16 +216,14 @@ def main(argv=None) -> None:
         writer = target if dtype is None else target.to(dtype)  # only the writer is needed here: cast in place
         with torch.no_grad(), tqdm(total=args.rows, initial=len(done), desc="self-instruct", unit="request") as bar:
             write_requests(writer, tokenizer, args, done, seen, evaluation_runs(), bar)
-    kinds = {}
-    for r in done:
-        kinds[r["kind"]] = kinds.get(r["kind"], 0) + 1
+    kinds = collections.Counter(r["kind"] for r in done)
     print(f"{args.out}: {len(done)} requests: " + ", ".join(f"{k} {n}" for k, n in sorted(kinds.items())))
     if args.mix_into:
-        from draftkit.files import write_text_atomically
+        from draftkit.files import write_jsonl_atomically
 
         mixed = os.path.splitext(args.out)[0] + ".mixed.jsonl"
         rows = spread(read_rows(args.mix_into), done)
-        write_text_atomically(mixed, "".join(json.dumps(r) + "\n" for r in rows))
+        write_jsonl_atomically(mixed, rows)
         print(f"wrote {mixed}: the {len(rows) - len(done)} rows of {args.mix_into} with these spread among them")
 
 
