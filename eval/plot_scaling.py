@@ -65,7 +65,8 @@ def main(argv=None) -> int:
     parser.add_argument("--out", default="docs/results/scaling.png", help="the PNG to write (default: %(default)s)")
     parser.add_argument("--offset", action="append", default=[],
                         help="NAME=TOKENS: tokens the run's starting draft had already seen, NAME the run folder's "
-                             "last two parts (zoo5/eagle3; repeatable)")
+                             "last two parts (zoo5/eagle3; repeatable); only for runs whose reports predate "
+                             "tokens_seen_before (newer continued runs count their starting draft's tokens)")
     args = parser.parse_args(argv)
     offsets = {}
     for item in args.offset:

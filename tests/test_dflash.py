@@ -187,6 +187,9 @@ def test_training_lowers_the_loss(tiny_run):
     more = train_dflash.main(train_argv(tiny_run, tiny_run / "more", 4, "--block_size", "4", "--draft_layers", "1",
                                         "--anchors", "8", "--init_from", str(out / "final")))
     assert more["history"][0]["loss"] < report["history"][0]["loss"] - 0.1
+    # and counts the tokens its starting draft had seen: tokens_seen is the draft's total
+    assert more["tokens_seen_before"] == report["tokens_seen"] > 0 and report["tokens_seen_before"] == 0
+    assert more["tokens_seen"] > report["tokens_seen"]
     from draftkit.train.config import TrainError
     with pytest.raises(TrainError, match="has block 4, 1 layer"):  # another shape is named, in one line
         train_dflash.main(train_argv(tiny_run, tiny_run / "bad", 4, "--block_size", "5", "--draft_layers", "1",

@@ -198,6 +198,7 @@ def test_training_grows_a_trained_draft(tiny_run, trained):
     report = train_eagle.main(train_argv(tiny_run, out, 4, *TRAIN_FLAGS, "--init_from", str(base / "final"),
                                          "--draft_layers", "2"))
     first = report["history"][0]["loss"]
+    assert report["tokens_seen"] > report["tokens_seen_before"] == base_report["tokens_seen"] > 0
     assert first < base_losses[0] - 0.1 and first < max(base_losses[-6:]) + 0.3, (first, base_losses)
     drafter = PEagleDrafter.from_pretrained(str(out / "final"),
                                             AutoModelForCausalLM.from_pretrained(str(tiny_run / "target")))

@@ -181,3 +181,16 @@ def test_real_target_build_commands_parse(tmp_path, mode):
         args = build_parser().parse_args(e[2:])
         assert args.format == "vllm" and args.target == "smollm2-135m" and args.check
     assert set(flags.drafters.split(",")) >= {"eagle3", "eagle", "peagle", "dflash", "medusa", "standalone"}
+
+
+def test_tokens_seen_by_reads_a_runs_report_or_the_zoo_manifest(tmp_path):
+    """A continued run counts from its starting model's total: a run folder's train_report.json, a shipped model's
+    manifest entry (the zoo keeps no report), else 0."""
+    from draftkit.train.loop import tokens_seen_by
+    from draftkit.zoo import ZOO, manifest
+
+    (tmp_path / "train_report.json").write_text(json.dumps({"tokens_seen": 1234, "steps": 2}))
+    assert tokens_seen_by(tmp_path) == 1234
+    assert tokens_seen_by(tmp_path / "elsewhere") == 0
+    entry = manifest()["models"]["smollm2-135m/eagle"]
+    assert tokens_seen_by(ZOO / "smollm2-135m" / "eagle") == entry["tokens_seen"] > 0

@@ -31,7 +31,7 @@ from draftkit.train.config import (AUTO, TrainError, auto_layers, auto_or_list, 
 from draftkit.train.calibrate import fit_for_report  # noqa: E402
 from draftkit.train.decode_eval import measure_tau  # noqa: E402
 from draftkit.train.dflash_loss import DFlashLoss  # noqa: E402
-from draftkit.train.loop import Loop, cli  # noqa: E402
+from draftkit.train.loop import Loop, cli, tokens_seen_by  # noqa: E402
 from draftkit.train.targetdata import TargetDataConfig, target_data  # noqa: E402
 
 
@@ -71,7 +71,8 @@ class DFlashTrainConfig(TargetDataConfig):
 
 
 def initial_draft(cfg, target):
-    """The draft of cfg.init_from (default: the shipped DFlash), checked against this run's settings."""
+    """(draft, folder): the draft of cfg.init_from (default: the shipped DFlash), checked against this run's
+    settings, and the folder it came from."""
     from draftkit.drafters.dflash_formats import load_dflash_draft
 
     folder = resolve_model(cfg.init_from, "dflash", "--init_from", target)
@@ -85,7 +86,7 @@ def initial_draft(cfg, target):
         raise TrainError(f"--init_from {cfg.init_from} has block {c.block_size}, {c.draft_layers} layer(s), context "
                          f"layers {list(c.target_layers)}; this run's are {cfg.block_size}, {cfg.draft_layers}, "
                          f"{layers}")
-    return draft
+    return draft, folder
 
 
 @torch.no_grad()
@@ -117,8 +118,11 @@ def main(argv=None):
             cfg.target_layers = auto_layers(target)
         torch.manual_seed(cfg.seed)
         try:
-            draft = initial_draft(cfg, target) if cfg.init_from else \
-                make_dflash_draft(target, cfg.block_size, mask, cfg.draft_layers, cfg.target_layers or None)
+            if cfg.init_from:
+                draft, start = initial_draft(cfg, target)
+                loop.tokens_before = tokens_seen_by(start)
+            else:
+                draft = make_dflash_draft(target, cfg.block_size, mask, cfg.draft_layers, cfg.target_layers or None)
         except ValueError as e:
             raise TrainError(str(e)) from None
         draft.config.target_name = target_path
@@ -167,7 +171,7 @@ def main(argv=None):
                 "target_layers": model.draft.config.target_layers, "mask_token_id": mask,
                 "target": target_path, "corpus": data.corpus.source, "corpus_fingerprint": data.corpus.fingerprint,
                 "regenerated": cfg.regenerate, "data_mode": cfg.data_mode,
-                "tokens_seen": loop.tokens_seen(cfg.max_steps),
+                "tokens_seen": loop.tokens_seen(cfg.max_steps), "tokens_seen_before": loop.tokens_before,
                 "scaling": loop.heldout_history(),
                 "output": out,
             }

@@ -23,7 +23,7 @@ import torch.nn.functional as F  # noqa: E402
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM  # noqa: E402
 
 from draftkit.train.config import TrainError, field, parse_config, resolve_model, shared  # noqa: E402
-from draftkit.train.loop import Loop, cli, save_hf  # noqa: E402
+from draftkit.train.loop import Loop, cli, save_hf, tokens_seen_by  # noqa: E402
 from draftkit.train.pretrain import llama_config  # noqa: E402
 from draftkit.train.targetdata import TargetDataConfig, target_data  # noqa: E402
 
@@ -54,7 +54,9 @@ class DraftConfig(TargetDataConfig):
         super().__post_init__()
 
 
-def build_draft(cfg, target) -> torch.nn.Module:
+def build_draft(cfg, target) -> tuple[torch.nn.Module, str | None]:
+    """(draft, the folder it started from): cfg.init_from's causal LM (with LoRA adapters when lora_r), or a new
+    small Llama over the target's vocabulary (folder None)."""
     if cfg.init_from:
         path = resolve_model(cfg.init_from, "draft", "--init_from", target)
         try:
@@ -67,7 +69,7 @@ def build_draft(cfg, target) -> torch.nn.Module:
 
             draft = get_peft_model(draft, LoraConfig(r=cfg.lora_r, lora_alpha=cfg.lora_alpha,
                                                      target_modules="all-linear"))
-        return draft
+        return draft, path
     t = target.config
     config = llama_config(vocab_size=t.vocab_size, hidden_size=cfg.hidden_size, num_hidden_layers=cfg.num_layers,
                           num_attention_heads=cfg.num_heads, num_key_value_heads=cfg.num_heads,
@@ -75,7 +77,7 @@ def build_draft(cfg, target) -> torch.nn.Module:
                           tie_word_embeddings=True, bos_token_id=t.bos_token_id, eos_token_id=t.eos_token_id,
                           pad_token_id=t.pad_token_id)
     torch.manual_seed(cfg.seed)
-    return LlamaForCausalLM(config)
+    return LlamaForCausalLM(config), None
 
 
 def logits_at(model, ids: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
@@ -133,7 +135,9 @@ def main(argv=None):
         data = target_data(cfg, target, tokenizer, loop.acc, seed=cfg.seed)  # the last hidden state: p
         loop.tokens_per_row = data.tokens_per_epoch / data.rows.shape[0]
         head = target.get_output_embeddings()
-        draft = build_draft(cfg, target)
+        draft, start = build_draft(cfg, target)
+        if start is not None:
+            loop.tokens_before = tokens_seen_by(start)
         n_params = sum(p.numel() for p in draft.parameters())
         (draft,) = loop.prepare(draft)
 
@@ -158,7 +162,7 @@ def main(argv=None):
                   "params": n_params, "steps": cfg.max_steps, "resumed_from": result.start_step,
                   "target": target_path, "corpus": data.corpus.source, "corpus_fingerprint": data.corpus.fingerprint,
                   "regenerated": cfg.regenerate, "data_mode": cfg.data_mode,
-                  "tokens_seen": loop.tokens_seen(cfg.max_steps),
+                  "tokens_seen": loop.tokens_seen(cfg.max_steps), "tokens_seen_before": loop.tokens_before,
                   "scaling": loop.heldout_history()}
         if loop.acc.is_main_process:
             save_hf(model, tokenizer, loop.final_dir)

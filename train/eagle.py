@@ -52,7 +52,7 @@ from draftkit.train import decode_eval  # noqa: E402
 from draftkit.train.calibrate import fit_for_report  # noqa: E402
 from draftkit.train.config import (AUTO, TrainError, auto_layers, auto_or_list, field, mask_token,  # noqa: E402
                                    parse_config, resolve_model, shared)
-from draftkit.train.loop import Loop, cli  # noqa: E402
+from draftkit.train.loop import Loop, cli, tokens_seen_by  # noqa: E402
 from draftkit.train.peagle_loss import PEagleLoss  # noqa: E402
 from draftkit.train.targetdata import TargetDataConfig, target_data  # noqa: E402
 
@@ -217,7 +217,8 @@ class EagleLoss(nn.Module):
 
 
 def initial_draft(cfg, target):
-    """The draft of cfg.init_from (default: the shipped EAGLE-2 or EAGLE-3), checked against this run's settings."""
+    """(draft, folder): the draft of cfg.init_from (default: the shipped EAGLE-2 or EAGLE-3), checked against this
+    run's settings, and the folder it came from."""
     from draftkit.drafters.formats import load_eagle_draft
 
     kind = "eagle3" if len(cfg.feature_layers) > 1 else "eagle"
@@ -233,9 +234,9 @@ def initial_draft(cfg, target):
         raise TrainError(f"--init_from {cfg.init_from} reads hidden states {draft.config.feature_layers}, this run's "
                          f"feature_layers are {want}")
     if cfg.draft_layers == 1:  # the draft keeps the layers it has
-        return draft
+        return draft, folder
     try:
-        return deepen(draft, cfg.draft_layers).train()
+        return deepen(draft, cfg.draft_layers).train(), folder
     except ValueError as err:
         raise TrainError(f"--init_from {cfg.init_from}: {err}") from None
 
@@ -309,7 +310,8 @@ def main(argv=None):
                 draft_ids = frequent_tokens(data.rows[:, 1:][data.mask[:, :-1]], vocab, n)
         torch.manual_seed(cfg.seed)  # after the data: the draft's initial weights do not depend on how it was built
         if cfg.init_from:
-            draft = initial_draft(cfg, target)
+            draft, start = initial_draft(cfg, target)
+            loop.tokens_before = tokens_seen_by(start)
             if cfg.parallel_depths and not hasattr(draft, "mask_hidden"):  # P-EAGLE warm-started from EAGLE-3
                 from draftkit.drafters.peagle import peagle_from_eagle3
                 draft = peagle_from_eagle3(draft, mask_token(tokenizer, cfg.mask_token_id))
@@ -370,7 +372,7 @@ def main(argv=None):
                 "target": target_path, "corpus": data.corpus.source, "corpus_fingerprint": data.corpus.fingerprint,
                 "regenerated": cfg.regenerate, "data_mode": cfg.data_mode,
                 "trained_tokens_per_epoch": data.tokens_per_epoch,
-                "tokens_seen": loop.tokens_seen(cfg.max_steps), "scaling": loop.heldout_history(), "output": out,
+                "tokens_seen": loop.tokens_seen(cfg.max_steps), "tokens_seen_before": loop.tokens_before, "scaling": loop.heldout_history(), "output": out,
             }
             loop.write_report(report)
     return {**report, "history": history}

@@ -20,7 +20,9 @@ A recipe script builds its models and says what a step computes; the loop does t
   runs, named checkpoint_<index>, count too); with a larger max_steps a finished run goes on.
 - Every held-out evaluation is also appended to output_dir/heldout_history.jsonl with its step and the tokens
   trained on so far (`tokens_per_row` x rows seen; a recipe sets loop.tokens_per_row to the trained tokens of its
-  rows): the scaling curve of the run, kept across resumes.
+  rows): the scaling curve of the run, kept across resumes. A run that continues a trained model counts from
+  what that model had seen (loop.tokens_before, set by the recipe from tokens_seen_by(its folder)): tokens_seen is
+  always the model's total, tokens_seen_before the part its starting model brought.
 - W&B through accelerate's trackers, offline unless WANDB_MODE says otherwise, under output_dir/wandb; the
   run id is kept in output_dir/wandb_run_id, so a resumed run logs to the same W&B run.
 """
@@ -143,6 +145,7 @@ class Loop:
         self.start_step = 0
         self.models: tuple = ()
         self.tokens_per_row = float(getattr(cfg, "seq_len", 0))  # trained tokens per row (recipes refine it)
+        self.tokens_before = 0  # tokens the starting model had already trained on (a continued run; recipes set it)
 
     def __enter__(self):
         return self
@@ -295,9 +298,10 @@ class Loop:
         return RunResult(self.start_step, cfg.max_steps, history, final, False, seconds)
 
     def tokens_seen(self, step: int) -> int:
+        """Tokens the model has trained on after `step` steps of this run, its starting model's included."""
         cfg = self.cfg
         rows = step * getattr(cfg, "batch_size", 1) * cfg.gradient_accumulation_steps * self.acc.num_processes
-        return int(rows * self.tokens_per_row)
+        return self.tokens_before + int(rows * self.tokens_per_row)
 
     def _evaluate(self, evaluate, step: int) -> tuple[dict, dict]:
         with torch.no_grad(), self.acc.autocast():
@@ -352,6 +356,23 @@ class Loop:
             # every rank leaves together: a process that exits with its group alive aborts (gloo's threads)
             torch.distributed.barrier()
             torch.distributed.destroy_process_group()
+
+
+def tokens_seen_by(folder: str | os.PathLike) -> int:
+    """The tokens a trained model folder has seen in all: its run's train_report.json, or for a shipped model the
+    zoo manifest's entry (the zoo keeps no report); 0 when neither says (a hub model, a folder trained elsewhere)."""
+    from draftkit.zoo import ZOO, ZooError, manifest
+
+    folder = Path(folder)
+    report = folder / "train_report.json"
+    if report.is_file():
+        return int(json.loads(report.read_text()).get("tokens_seen") or 0)
+    try:
+        models = manifest(ZOO)["models"]
+    except ZooError:
+        return 0
+    entry = next((e for name, e in models.items() if (Path(ZOO) / name).resolve() == folder.resolve()), {})
+    return int(entry.get("tokens_seen") or 0)
 
 
 def save_hf(model, tokenizer, out_dir: str, dtype=torch.float16) -> None:
