@@ -31,7 +31,7 @@ from draftkit.train.config import (AUTO, TrainError, auto_layers, auto_or_list, 
 from draftkit.train.calibrate import fit_for_report  # noqa: E402
 from draftkit.train.decode_eval import measure_tau  # noqa: E402
 from draftkit.train.dflash_loss import DFlashLoss  # noqa: E402
-from draftkit.train.loop import Loop, cli, tokens_seen_by  # noqa: E402
+from draftkit.train.loop import Loop, cli  # noqa: E402
 from draftkit.train.targetdata import TargetDataConfig, target_data  # noqa: E402
 
 
@@ -120,7 +120,7 @@ def main(argv=None):
         try:
             if cfg.init_from:
                 draft, start = initial_draft(cfg, target)
-                loop.tokens_before = tokens_seen_by(start)
+                loop.continue_from(start)
             else:
                 draft = make_dflash_draft(target, cfg.block_size, mask, cfg.draft_layers, cfg.target_layers or None)
         except ValueError as e:
@@ -171,7 +171,7 @@ def main(argv=None):
                 "target_layers": model.draft.config.target_layers, "mask_token_id": mask,
                 "target": target_path, "corpus": data.corpus.source, "corpus_fingerprint": data.corpus.fingerprint,
                 "regenerated": cfg.regenerate, "data_mode": cfg.data_mode,
-                "tokens_seen": loop.tokens_seen(cfg.max_steps), "tokens_seen_before": loop.tokens_before,
+                **loop.token_counts(cfg.max_steps),
                 "scaling": loop.heldout_history(),
                 "output": out,
             }

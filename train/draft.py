@@ -23,7 +23,7 @@ import torch.nn.functional as F  # noqa: E402
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM  # noqa: E402
 
 from draftkit.train.config import TrainError, field, parse_config, resolve_model, shared  # noqa: E402
-from draftkit.train.loop import Loop, cli, save_hf, tokens_seen_by  # noqa: E402
+from draftkit.train.loop import Loop, cli, save_hf  # noqa: E402
 from draftkit.train.pretrain import llama_config  # noqa: E402
 from draftkit.train.targetdata import TargetDataConfig, target_data  # noqa: E402
 
@@ -137,7 +137,7 @@ def main(argv=None):
         head = target.get_output_embeddings()
         draft, start = build_draft(cfg, target)
         if start is not None:
-            loop.tokens_before = tokens_seen_by(start)
+            loop.continue_from(start)
         n_params = sum(p.numel() for p in draft.parameters())
         (draft,) = loop.prepare(draft)
 
@@ -162,7 +162,7 @@ def main(argv=None):
                   "params": n_params, "steps": cfg.max_steps, "resumed_from": result.start_step,
                   "target": target_path, "corpus": data.corpus.source, "corpus_fingerprint": data.corpus.fingerprint,
                   "regenerated": cfg.regenerate, "data_mode": cfg.data_mode,
-                  "tokens_seen": loop.tokens_seen(cfg.max_steps), "tokens_seen_before": loop.tokens_before,
+                  **loop.token_counts(cfg.max_steps),
                   "scaling": loop.heldout_history()}
         if loop.acc.is_main_process:
             save_hf(model, tokenizer, loop.final_dir)

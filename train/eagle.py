@@ -52,7 +52,7 @@ from draftkit.train import decode_eval  # noqa: E402
 from draftkit.train.calibrate import fit_for_report  # noqa: E402
 from draftkit.train.config import (AUTO, TrainError, auto_layers, auto_or_list, field, mask_token,  # noqa: E402
                                    parse_config, resolve_model, shared)
-from draftkit.train.loop import Loop, cli, tokens_seen_by  # noqa: E402
+from draftkit.train.loop import Loop, cli  # noqa: E402
 from draftkit.train.peagle_loss import PEagleLoss  # noqa: E402
 from draftkit.train.targetdata import TargetDataConfig, target_data  # noqa: E402
 
@@ -311,7 +311,7 @@ def main(argv=None):
         torch.manual_seed(cfg.seed)  # after the data: the draft's initial weights do not depend on how it was built
         if cfg.init_from:
             draft, start = initial_draft(cfg, target)
-            loop.tokens_before = tokens_seen_by(start)
+            loop.continue_from(start)
             if cfg.parallel_depths and not hasattr(draft, "mask_hidden"):  # P-EAGLE warm-started from EAGLE-3
                 from draftkit.drafters.peagle import peagle_from_eagle3
                 draft = peagle_from_eagle3(draft, mask_token(tokenizer, cfg.mask_token_id))
@@ -372,7 +372,7 @@ def main(argv=None):
                 "target": target_path, "corpus": data.corpus.source, "corpus_fingerprint": data.corpus.fingerprint,
                 "regenerated": cfg.regenerate, "data_mode": cfg.data_mode,
                 "trained_tokens_per_epoch": data.tokens_per_epoch,
-                "tokens_seen": loop.tokens_seen(cfg.max_steps), "tokens_seen_before": loop.tokens_before, "scaling": loop.heldout_history(), "output": out,
+                **loop.token_counts(cfg.max_steps), "scaling": loop.heldout_history(), "output": out,
             }
             loop.write_report(report)
     return {**report, "history": history}

@@ -21,8 +21,8 @@ A recipe script builds its models and says what a step computes; the loop does t
 - Every held-out evaluation is also appended to output_dir/heldout_history.jsonl with its step and the tokens
   trained on so far (`tokens_per_row` x rows seen; a recipe sets loop.tokens_per_row to the trained tokens of its
   rows): the scaling curve of the run, kept across resumes. A run that continues a trained model counts from
-  what that model had seen (loop.tokens_before, set by the recipe from tokens_seen_by(its folder)): tokens_seen is
-  always the model's total, tokens_seen_before the part its starting model brought.
+  what that model had seen (the recipe calls loop.continue_from(its folder)): tokens_seen is always the model's
+  total, tokens_seen_before the part its starting model brought (loop.token_counts, in every report).
 - W&B through accelerate's trackers, offline unless WANDB_MODE says otherwise, under output_dir/wandb; the
   run id is kept in output_dir/wandb_run_id, so a resumed run logs to the same W&B run.
 """
@@ -145,7 +145,7 @@ class Loop:
         self.start_step = 0
         self.models: tuple = ()
         self.tokens_per_row = float(getattr(cfg, "seq_len", 0))  # trained tokens per row (recipes refine it)
-        self.tokens_before = 0  # tokens the starting model had already trained on (a continued run; recipes set it)
+        self.tokens_before = 0  # tokens the starting model had already trained on (continue_from)
 
     def __enter__(self):
         return self
@@ -303,6 +303,14 @@ class Loop:
         rows = step * getattr(cfg, "batch_size", 1) * cfg.gradient_accumulation_steps * self.acc.num_processes
         return self.tokens_before + int(rows * self.tokens_per_row)
 
+    def continue_from(self, folder) -> None:
+        """This run continues the trained model in `folder`: its tokens count from what that model had seen."""
+        self.tokens_before = tokens_seen_by(folder)
+
+    def token_counts(self, step: int) -> dict:
+        """The report's token counts after `step` steps: the model's total and its starting model's part."""
+        return {"tokens_seen": self.tokens_seen(step), "tokens_seen_before": self.tokens_before}
+
     def _evaluate(self, evaluate, step: int) -> tuple[dict, dict]:
         with torch.no_grad(), self.acc.autocast():
             res = evaluate()
@@ -363,15 +371,14 @@ def tokens_seen_by(folder: str | os.PathLike) -> int:
     zoo manifest's entry (the zoo keeps no report); 0 when neither says (a hub model, a folder trained elsewhere)."""
     from draftkit.zoo import ZOO, ZooError, manifest
 
-    folder = Path(folder)
-    report = folder / "train_report.json"
+    report = Path(folder) / "train_report.json"
     if report.is_file():
         return int(json.loads(report.read_text()).get("tokens_seen") or 0)
     try:
-        models = manifest(ZOO)["models"]
-    except ZooError:
+        name = Path(folder).resolve().relative_to(Path(ZOO).resolve()).as_posix()  # a shipped model's manifest name
+        entry = manifest(ZOO)["models"].get(name, {})
+    except (ValueError, ZooError):  # not under the zoo, or no zoo
         return 0
-    entry = next((e for name, e in models.items() if (Path(ZOO) / name).resolve() == folder.resolve()), {})
     return int(entry.get("tokens_seen") or 0)
 
 

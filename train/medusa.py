@@ -40,7 +40,7 @@ from draftkit.drafters.medusa import MedusaHeads, save_medusa  # noqa: E402
 from draftkit.drafters.medusa_tree import build_tree_choices, expected_accepted  # noqa: E402
 from draftkit.train.config import (AUTO, TrainError, auto_or_list, field, parse_config, resolve_model,  # noqa: E402
                                    shared)
-from draftkit.train.loop import Loop, cli, tokens_seen_by  # noqa: E402
+from draftkit.train.loop import Loop, cli  # noqa: E402
 from draftkit.train.targetdata import TargetDataConfig, target_data  # noqa: E402
 
 
@@ -315,7 +315,7 @@ def main(argv=None):
         loop.tokens_per_row = data.tokens_per_epoch / data.rows.shape[0]
         heads = make_heads(cfg, target, init_heads)
         if init_heads:
-            loop.tokens_before = tokens_seen_by(os.path.dirname(init_heads))
+            loop.continue_from(os.path.dirname(init_heads))
         if medusa2:
             target = add_lora(cfg, target)
             target.train()
@@ -379,7 +379,7 @@ def main(argv=None):
             "tree_size": len(choices), "expected_accepted": expected_accepted(choices, res["agree_per_rank"]),
             "heldout_blocks": res["blocks"], "corpus": data.corpus.source,
             "corpus_fingerprint": data.corpus.fingerprint, "target": target_path, "regenerated": cfg.regenerate,
-            "data_mode": cfg.data_mode, "tokens_seen": loop.tokens_seen(cfg.max_steps), "tokens_seen_before": loop.tokens_before,
+            "data_mode": cfg.data_mode, **loop.token_counts(cfg.max_steps),
             "scaling": loop.heldout_history(),
         }
         if medusa2:
