@@ -144,6 +144,54 @@ def test_cached_features_equal_a_fresh_forward_and_resume_mid_cache(tiny, monkey
     assert len(feats) == 1 and sorted(os.listdir(root / "cache2" / feats[0])) == ["L1", "L3", "top"]
 
 
+def test_several_corpora_join_each_stored_on_its_own(tiny, monkeypatch):
+    """corpus "a,b:N": a's rows then N of b's, each corpus's rows and target outputs the ones a run on it alone
+    stores (so a corpus added later reuses what the others stored), held-out rows taken in turn from each."""
+    import draftkit.train.targetdata as td
+
+    root, tok, model = tiny
+    half = CONVERSATIONS[:12]  # a second conversations file: the other corpus
+    with open(root / "half.jsonl", "w") as fh:
+        for c in reversed(half):
+            fh.write(json.dumps({"messages": c}) + "\n")
+    chats, other = str(root / "chats.jsonl"), str(root / "half.jsonl")
+    kw = dict(messages_column="messages", seq_len=128, cache_dir=str(root / "cache3"), data_mode="cached",
+              heldout_rows=2)
+    alone = target_data(config(root, corpus=chats, **kw), model, tok, Accelerator(cpu=True), layers=[1])
+    calls = []
+    real = td.target_outputs
+    monkeypatch.setattr(td, "target_outputs", lambda *a, **k: (calls.append(a[1].shape[0]), real(*a, **k))[1])
+    both = target_data(config(root, corpus=f"{chats},{other}:4", **kw), model, tok, Accelerator(cpu=True),
+                       layers=[1])
+    assert calls == [4]  # the first corpus's outputs were read back; only the new corpus's one shard computed
+    assert both.rows.shape[0] == alone.rows.shape[0] + 4
+    assert torch.equal(both.rows[:8], alone.rows) and torch.equal(both.mask[:8], alone.mask)
+    other_alone = target_data(config(root, corpus=other, train_rows=4, **kw), model, tok, Accelerator(cpu=True),
+                              layers=[1])
+    assert torch.equal(both.rows[8:], other_alone.rows)
+    for layer in (1, 3):
+        assert torch.equal(both.features[layer], torch.cat([alone.features[layer], other_alone.features[layer]]))
+    assert torch.equal(both.top, torch.cat([alone.top, other_alone.top]))
+    ids, _ = both.heldout_rows  # a0, b0, a1, b1
+    assert torch.equal(ids[0::2], alone.heldout_rows[0]) and torch.equal(ids[1::2], other_alone.heldout_rows[0])
+    assert both.corpus.source == f"{chats},{other}:4" and both.corpus.fingerprint != alone.corpus.fingerprint
+
+
+def test_a_bad_corpus_among_several_is_named_before_anything_loads(tiny):
+    from draftkit.train.config import TrainError
+    from draftkit.train.targetdata import corpus_parts
+
+    root, _, _ = tiny
+    assert corpus_parts("a.jsonl, b.jsonl:960", 64) == [("a.jsonl", 64), ("b.jsonl", 960)]
+    assert corpus_parts("org/name", 8) == [("org/name", 8)]
+    with pytest.raises(TrainError, match="missing.jsonl: no such file"):
+        config(root, corpus=f"{root / 'chats.jsonl'},{root / 'missing.jsonl'}")
+    with pytest.raises(TrainError, match="ROWS >= 1"):
+        config(root, corpus=f"{root / 'chats.jsonl'}:0")
+    with pytest.raises(TrainError, match="named twice"):
+        config(root, corpus=f"{root / 'chats.jsonl'},{root / 'chats.jsonl'}:4")
+
+
 def test_epochs_visit_every_row_once_in_a_seeded_order(tiny):
     root, tok, model = tiny
     data = target_data(config(root, data_mode="online", cache_dir=""), model, tok, Accelerator(cpu=True))

@@ -22,6 +22,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from draftkit.train.config import TrainConfig, TrainError, load_recipe, parse_config
 from draftkit.train.data import train_tokenizer
 from draftkit.train.loop import STATE_FILE
+from draftkit.train.targetdata import corpus_parts
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPTS = {"zoo": "pretrain", "draft": "draft", "medusa": "medusa", "eagle": "eagle", "dflash": "dflash"}
@@ -49,15 +50,20 @@ def test_every_recipe_loads_against_its_script(path, tmp_path):
     script = launch.group(1)
     assert folder not in SCRIPTS or script == SCRIPTS[folder], "a recipe folder named after a script runs that script"
     argv = ["--config", path]
-    corpus = yaml.safe_load(open(path)).get("corpus", "")
-    if str(corpus).startswith("runs/"):
-        # an input an earlier step of the folder's build script writes (a fresh clone has no runs/): the script
-        # must write it; a stand-in file lets the recipe load
+    recipe = yaml.safe_load(open(path))
+    corpus = str(recipe.get("corpus", ""))
+    if corpus.startswith("runs/"):
+        # inputs an earlier step of the folder's build script writes (a fresh clone has no runs/): the script
+        # must write each; stand-in files let the recipe load
         build = Path(path).parent / "build.sh"
         text = build.read_text() if build.exists() else ""
-        assert Path(corpus).name in text and f"OUT:-{Path(corpus).parent}" in text, f"nothing in {build} writes {corpus}"
-        (tmp_path / "corpus.jsonl").write_text("")
-        argv += ["--corpus", str(tmp_path / "corpus.jsonl")]
+        stand_ins = []
+        for i, (source, rows) in enumerate(corpus_parts(corpus, recipe.get("train_rows", 1))):
+            assert Path(source).name in text and f"OUT:-{Path(source).parent}" in text, \
+                f"nothing in {build} writes {source}"
+            (tmp_path / f"corpus{i}.jsonl").write_text("")
+            stand_ins.append(f"{tmp_path / f'corpus{i}.jsonl'}:{rows}")
+        argv += ["--corpus", ",".join(stand_ins)]
     cfg = parse_config(config_class(importlib.import_module(f"draftkit.train.{script}")), argv)
     data = load_recipe(path, type(cfg))
     assert "export_dir" not in data, "the final model must follow --output_dir"

@@ -99,13 +99,16 @@ class TrainConfig:
         bad += [f"{k} must be >= 0, got {getattr(self, k)}" for k in ("warmup_steps", "grad_clip", "weight_decay")
                 if getattr(self, k) < 0]
         bad += [problem for problem in (self._optimiser_problem(), self._output_problem()) if problem]
-        from draftkit.corpus import corpus_problem
-
-        problem = corpus_problem(self.corpus)  # before any model loads or any folder is made
-        if problem:
-            bad.append(f"--corpus {self.corpus}: {problem}")
+        bad += self.corpus_problems()  # before any model loads or any folder is made
         if bad:
             raise TrainError("; ".join(bad))
+
+    def corpus_problems(self) -> list[str]:
+        """What is wrong with `corpus` (one line each), checked before anything loads."""
+        from draftkit.corpus import corpus_problem
+
+        problem = corpus_problem(self.corpus)
+        return [f"--corpus {self.corpus}: {problem}"] if problem else []
 
     def _optimiser_problem(self) -> str | None:
         """What is wrong with the learning-rate settings, checked before anything loads."""

@@ -25,6 +25,7 @@ common); every later epoch reads them instead of running the target. "online" ru
 """
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import os
@@ -45,6 +46,11 @@ REGEN_DTYPES = ("", "auto", "bfloat16", "float16", "float32")
 class TargetDataConfig(TrainConfig):
     """Where a drafter's training rows come from and how the target's outputs reach it."""
 
+    corpus: str = field("stdlib", "stdlib (the Python standard library), python (stdlib + draftkit's dependencies), "
+                                  "a folder of .py files, a .txt/.json/.jsonl file or a hub dataset name; or several, "
+                                  "comma-separated, read as one set of rows: each answered and stored on its own "
+                                  "(adding one later reuses the others' stored rows), SOURCE:ROWS taking ROWS "
+                                  "training rows from that one instead of train_rows")
     messages_column: str = field("", "a column of chat conversations (lists of {role, content}) rendered with the "
                                      "target's chat template, loss on assistant tokens only (empty: plain text "
                                      "from `corpus`)")
@@ -70,6 +76,15 @@ class TargetDataConfig(TrainConfig):
     data_mode: str = field("cached", "cached: the target's outputs computed once, stored fp16 and reused every "
                                      "epoch; online: computed for every batch (no disk)")
 
+    def corpus_problems(self) -> list[str]:
+        from draftkit.corpus import corpus_problem
+
+        try:
+            parts = corpus_parts(self.corpus, self.train_rows)
+        except TrainError as e:
+            return [str(e)]
+        return [f"--corpus {source}: {problem}" for source, _ in parts if (problem := corpus_problem(source))]
+
     def __post_init__(self):
         super().__post_init__()
         if self.data_mode not in DATA_MODES:
@@ -92,6 +107,22 @@ class TargetBatch:
     hidden: dict  # layer -> (B, T, H) float
     last: torch.Tensor  # (B, T, H) float: the target's final hidden state, logits = lm_head(last)
     top: torch.Tensor | None = None  # (B, T) long argmax of lm_head(last), stored with cached features (else None)
+
+
+def corpus_parts(spec: str, train_rows: int) -> list[tuple[str, int]]:
+    """[(source, training rows)] of a `corpus` setting: "a.jsonl,b.jsonl:960" -> [(a.jsonl, train_rows),
+    (b.jsonl, 960)]. A ROWS suffix is digits after the last colon, so a source's own colons are left alone."""
+    parts = []
+    for item in spec.split(","):
+        source, colon, rows = item.strip().rpartition(":")
+        if not colon or not rows.isdigit():
+            source, rows = item.strip(), str(train_rows)
+        if not source or int(rows) < 1:
+            raise TrainError(f"--corpus {spec}: {item.strip()!r} is not SOURCE or SOURCE:ROWS with ROWS >= 1")
+        parts.append((source, int(rows)))
+    if len({source for source, _ in parts}) < len(parts):
+        raise TrainError(f"--corpus {spec}: a source is named twice")
+    return parts
 
 
 def digest(*parts) -> str:
@@ -133,8 +164,9 @@ class TargetData:
     """Batches of rows with the target's outputs; epochs over the rows in a seeded order, resumable by step."""
 
     def __init__(self, cfg, target, rows: torch.Tensor, mask: torch.Tensor, layers: list[int], heldout,
-                 feature_dir: str | None, acc, seed: int):
-        """heldout: a token stream (text: blocks of it) or (ids, mask) rows (conversations)."""
+                 feature_dirs: list[tuple[str, int]] | None, acc, seed: int):
+        """heldout: a token stream (text: blocks of it) or (ids, mask) rows (conversations). feature_dirs: (folder,
+        rows) of each corpus in the order of `rows`, where its target outputs are stored; None: no cache_dir."""
         self.cfg, self.target, self.rows, self.mask, self.layers = cfg, target, rows, mask, layers
         self.heldout_stream = heldout if isinstance(heldout, torch.Tensor) else None
         self.heldout_rows = None if isinstance(heldout, torch.Tensor) else heldout
@@ -143,17 +175,29 @@ class TargetData:
         self.features = None
         self.top = None  # (N, T) int32 top-1 of p, with cached features
         if cfg.data_mode == "cached":  # stored under feature_dir, or (no cache_dir) kept in memory only
-            self.features = self._load_features(feature_dir) if feature_dir else self._compute_features()
+            self.features = self._load_features(feature_dirs) if feature_dirs else self._compute_features()
 
     @property
     def tokens_per_epoch(self) -> int:
         return int(self.mask.sum())
 
-    def _load_features(self, folder: str) -> dict[int, torch.Tensor]:
-        """Every (layer, shard) file, computing the missing ones (one target forward per shard for all of its
-        missing layers). Returns {layer: (N, T, H) fp16}, kept in memory."""
+    def _load_features(self, folders: list[tuple[str, int]]) -> dict[int, torch.Tensor]:
+        """Every corpus's stored outputs, in row order: folders[i] = (folder, rows of corpus i). Returns
+        {layer: (N, T, H) fp16}, kept in memory, and sets self.top (N, T)."""
+        parts, tops, first = [], [], 0
+        for folder, n in folders:
+            feats = self._load_corpus_features(folder, self.rows[first:first + n])
+            tops.append(self._load_top(folder, feats[self.last_layer]))
+            parts.append(feats)
+            first += n
+        self.top = torch.cat(tops)
+        return {layer: torch.cat([p[layer] for p in parts]) for layer in self.layers}
+
+    def _load_corpus_features(self, folder: str, rows: torch.Tensor) -> dict[int, torch.Tensor]:
+        """Every (layer, shard) file of one corpus's rows (N, T) (whole shards), computing the missing ones (one
+        target forward per shard for all of its missing layers). Returns {layer: (N, T, H) fp16}."""
         size = self.cfg.shard_rows
-        shards = (self.rows.shape[0] + size - 1) // size
+        shards = (rows.shape[0] + size - 1) // size
 
         def path(layer, s):
             return os.path.join(folder, f"L{layer}", f"{s:05d}.pt")
@@ -165,21 +209,19 @@ class TargetData:
             for s in tqdm(todo, desc=f"target features ({len(todo)}/{shards} shards)",
                           disable=not self.acc.is_local_main_process):
                 missing = [layer for layer in self.layers if not os.path.exists(path(layer, s))]
-                outs = target_outputs(self.target, self.rows[s * size:(s + 1) * size].long(), missing)
+                outs = target_outputs(self.target, rows[s * size:(s + 1) * size].long(), missing)
                 for layer in missing:
                     save_shard(outs[layer].half().cpu(), path(layer, s))
-        feats = {layer: torch.cat([torch.load(path(layer, s)) for s in range(shards)]) for layer in self.layers}
-        self.top = self._load_top(folder, shards, feats[self.last_layer])
-        return feats
+        return {layer: torch.cat([torch.load(path(layer, s)) for s in range(shards)]) for layer in self.layers}
 
-    def _load_top(self, folder: str, shards: int, last: torch.Tensor) -> torch.Tensor:
-        """(N, T) int32: the target's top-1 token at every position (argmax of lm_head over the stored final hidden
+    def _load_top(self, folder: str, last: torch.Tensor) -> torch.Tensor:
+        """(N, T) int32 of one corpus's rows: the target's top-1 token at every position (argmax of lm_head over the stored final hidden
         state), stored per shard beside the features. A recipe with a reduced draft vocabulary needs it at every
         step to know whether p's top-1 lies in that vocabulary; over the full vocabulary of a real model (49k
         tokens) it costs more than the rest of a draft's training step."""
         os.makedirs(os.path.join(folder, "top"), exist_ok=True)
         size, head = self.cfg.shard_rows, self.target.get_output_embeddings()
-        parts = []
+        shards, parts = (last.shape[0] + size - 1) // size, []
         for s in range(shards):
             file = os.path.join(folder, "top", f"{s:05d}.pt")
             if not os.path.exists(file):
@@ -259,11 +301,21 @@ class TargetData:
             yield TargetBatch(ids, mask, hidden, hidden[self.last_layer])
 
 
-def target_data(cfg, target, tokenizer, acc, layers=(), seed: int | None = None) -> TargetData:
-    """The recipe's rows (built or read from cache_dir) and the target's outputs at `layers` (plus the last)."""
+@dataclass
+class CorpusRows:
+    """One corpus's part of the training data."""
+
+    corpus: object  # draftkit.corpus.Corpus
+    rows: torch.Tensor  # (N, T) whole shards
+    mask: torch.Tensor  # (N, T) bool
+    heldout: object  # a token stream (text) or (ids, mask) rows (conversations)
+    feature_dir: str | None  # where its target outputs are stored (None: no cache_dir)
+
+
+def corpus_rows(cfg, target, tokenizer, acc, tfp: str) -> CorpusRows:
+    """The rows of the one corpus cfg.corpus (cfg.train_rows of them), built or read from cache_dir."""
     from draftkit.corpus import build_corpus
 
-    layers = normalize_layers(layers, target.config.num_hidden_layers)
     if cfg.messages_column:
         with acc.main_process_first():
             corpus = build_corpus(cfg.corpus, cfg.messages_column)
@@ -272,7 +324,6 @@ def target_data(cfg, target, tokenizer, acc, layers=(), seed: int | None = None)
     else:
         corpus, train_stream, heldout = load_streams(cfg, tokenizer, acc)
         conversations = None
-    tfp = target_fingerprint(target) if cfg.regenerate or cfg.data_mode == "cached" else ""
     # shard i depends on i and these settings only, so a larger train_rows keeps the shards already made
     written = writer_dtype(cfg, target) if cfg.regenerate else None  # None: by the target itself
     rkey = digest(tfp if cfg.regenerate else "", corpus.fingerprint, cfg.messages_column, cfg.seq_len, cfg.shard_rows,
@@ -286,9 +337,42 @@ def target_data(cfg, target, tokenizer, acc, layers=(), seed: int | None = None)
         if conversations is not None:
             heldout = store.heldout_rows(heldout)
     fdir = os.path.join(cfg.cache_dir, f"feats-{digest(tfp, rkey)}") if cfg.cache_dir else None
-    data = TargetData(cfg, target, rows, mask, layers, heldout, fdir, acc, cfg.seed if seed is None else seed)
-    data.corpus = corpus
-    acc.print(f"training data: {rows.shape[0]:,} rows x {rows.shape[1]} tokens, {data.tokens_per_epoch:,} trained "
-              f"tokens per epoch ({'regenerated by the target' if cfg.regenerate else 'as written'}), target "
+    return CorpusRows(corpus, rows, mask, heldout, fdir)
+
+
+def interleave(parts: list[torch.Tensor]) -> torch.Tensor:
+    """Rows of several (N_i, T) tensors taken in turn (a0, b0, a1, b1, ..., then the longer's rest): the first k
+    held-out rows sample every corpus."""
+    order = sorted((j, p) for p, t in enumerate(parts) for j in range(t.shape[0]))
+    return torch.stack([parts[p][j] for j, p in order])
+
+
+def joined_heldout(parts: list[CorpusRows]):
+    if isinstance(parts[0].heldout, torch.Tensor):  # text: one stream after the other
+        return torch.cat([p.heldout for p in parts])
+    return interleave([p.heldout[0] for p in parts]), interleave([p.heldout[1] for p in parts])
+
+
+def target_data(cfg, target, tokenizer, acc, layers=(), seed: int | None = None) -> TargetData:
+    """The recipe's rows (built or read from cache_dir; from each corpus of cfg.corpus in turn) and the target's
+    outputs at `layers` (plus the last)."""
+    from draftkit.corpus import Corpus
+
+    layers = normalize_layers(layers, target.config.num_hidden_layers)
+    tfp = target_fingerprint(target) if cfg.regenerate or cfg.data_mode == "cached" else ""
+    parts = []
+    for source, n in corpus_parts(cfg.corpus, cfg.train_rows):
+        one = copy.copy(cfg)  # this corpus's settings (no re-validation: the whole was checked)
+        one.corpus, one.train_rows = source, n
+        parts.append(corpus_rows(one, target, tokenizer, acc, tfp))
+    rows, mask = torch.cat([p.rows for p in parts]), torch.cat([p.mask for p in parts])
+    fdirs = [(p.feature_dir, p.rows.shape[0]) for p in parts] if cfg.cache_dir else None
+    data = TargetData(cfg, target, rows, mask, layers, joined_heldout(parts), fdirs, acc,
+                      cfg.seed if seed is None else seed)
+    data.corpus = parts[0].corpus if len(parts) == 1 else Corpus(
+        None, None, digest(*[p.corpus.fingerprint for p in parts]), cfg.corpus)
+    each = f" ({' + '.join(f'{p.rows.shape[0]:,}' for p in parts)} from {len(parts)} corpora)" if len(parts) > 1 else ""
+    acc.print(f"training data: {rows.shape[0]:,} rows{each} x {rows.shape[1]} tokens, {data.tokens_per_epoch:,} "
+              f"trained tokens per epoch ({'regenerated by the target' if cfg.regenerate else 'as written'}), target "
               f"outputs {cfg.data_mode} (hidden states {layers})")
     return data
