@@ -204,6 +204,11 @@ class HybridDrafter:
                 m.drafter.forget()
 
     # --- proposing ---------------------------------------------------------------------------
+    def outlook(self) -> int:
+        """The highest of its members' outlooks (contract.Drafter.outlook; 0 when none has one): a member that
+        can tell its draft will pass far (suffix inside a quote) lifts the merged tree's."""
+        return max((int(m.drafter.outlook()) for m in self.members if hasattr(m.drafter, "outlook")), default=0)
+
     def _asked(self, floor: float) -> list[Member]:
         """Members asked this step: those that pay, and those whose probe is due; when none is, every
         skipping member is probed (the budget asks for a draft: the controller is probing the hybrid)."""

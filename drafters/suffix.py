@@ -396,6 +396,16 @@ class SuffixDrafter:
             self.g_state, self.g_len = s, m
 
     # --- proposing ---------------------------------------------------------------------------
+    def outlook(self) -> int:
+        """How far this step's draft should pass, told by the longest match alone (contract.Drafter.outlook): 1 for
+        a match of 0-1 tokens, 2 for 2-3, 3 for 4-7, 4 for 8 or more (quoting). SuffixDecoding sizes its tree by
+        the match for the same reason; here the controller prices each outlook's steps by what they passed, so a
+        quote is drafted deep from its first steps while chat's short matches draft little."""
+        matched = self.local.longest_repeat()[1]
+        if self.cache is not None:
+            matched = max(matched, self.g_len)
+        return 1 + (matched >= 2) + (matched >= 4) + (matched >= 8)
+
     def _candidates(self, index: SuffixIndex, state: int, matched: int, budget_nodes: int, depth: int,
                     floor: float):
         """Trees for the match and up to MATCH_TRIES - 1 shorter ones; the best (score, ...)."""

@@ -447,3 +447,40 @@ def test_a_passing_probe_is_followed_by_another_and_a_failing_one_backs_off():
     assert len(passing) >= 20 and passing[-5:] == list(range(35, 40))  # once one passed: a probe every step
     after = run(100, lambda k: False)
     assert len(after) <= 5  # the first failure: back to the back-off it had reached
+
+
+def test_pass_rates_are_kept_per_outlook():
+    """A drafter that tells before each step how far its draft should pass (contract.Drafter.outlook: suffix's match
+    length) is priced by what steps of that outlook passed: inside a quote (outlook 4, every level passes) the
+    budget is the deepest from the quote's first step, while between quotes (outlook 1, nothing passes) it idles;
+    with one set of rates for both, a quote's first steps are priced by the chat's failures."""
+    def turns(policy, outlook):
+        for _ in range(3):  # quotes and chat in turns, each long enough to learn it
+            outlook[0] = 4
+            feed_priced(policy, 12, accepted=8)
+            outlook[0] = 1
+            feed_priced(policy, 40, accepted=0)
+        outlook[0] = 4
+
+    seen = [1]
+    policy = AutoBudget(None, Budget(8, 8), profile=flat(0.2), cache_profile=False, outlook=lambda: seen[0])
+    turns(policy, seen)
+    assert sum(d == 0 for d, _ in policy.choices[-20:]) >= 17  # chat: plain steps (and a rare probe)
+    assert policy.budget(100).max_depth == 8  # a quote's first step drafts deep at once
+    blind = AutoBudget(None, Budget(8, 8), profile=flat(0.2), cache_profile=False)  # one set of rates for both
+    turns(blind, [1])
+    assert blind.budget(100).max_depth == 0
+    assert policy.outlook == 4 and set(policy._by_outlook) == {0, 1}  # (0: before the first step)
+    policy.start(100)  # a new sequence carries every outlook's evidence over
+    assert policy._by_outlook[1][0].reached[0].value == pytest.approx(4.0)
+
+
+def feed_priced(policy, steps, accepted, draft_s=0.0004):
+    """Steps whose verification costs what the profile says (flat(0.2): 20% of a plain step a node)."""
+    for _ in range(steps):
+        b = policy.budget(100)
+        drafted = b.max_nodes if b.max_depth else 0
+        got = min(accepted, b.max_depth)
+        policy.observe(StepStats(drafted, b.max_depth, got, got + 1, draft_s if drafted else 0.0,
+                                 0.01 * (1 + 0.2 * drafted), budget_depth=b.max_depth, budget_nodes=b.max_nodes,
+                                 first_accepted=got), 100)

@@ -337,3 +337,16 @@ def test_the_default_members_take_a_given_eagle3_draft():
     args = cli.parse_args(["--drafters", "hybrid", "--eagle3", resolve(None, "eagle3")])
     cli.check_flags(args)
     cli.check_drafters(args, cli.drafter_choices())  # no "--eagle3 is given but ... has no eagle3"
+
+
+def test_outlook_is_its_members_highest():
+    """A hybrid tells the controller the highest outlook among its members (contract.Drafter.outlook): suffix inside
+    a quote lifts the merged tree's; members without one (lookahead) count as 0, and none at all gives 0."""
+    passage = torch.arange(100, 120)
+    suffix = SuffixDrafter(use_global=False)
+    hybrid = HybridDrafter([("lookahead", LookaheadDrafter()), ("suffix", suffix)])
+    hybrid.reset(torch.cat([passage, passage[:9]]))  # the prompt ends quoting its own first 9 tokens
+    assert suffix.outlook() == 4 and hybrid.outlook() == 4
+    hybrid.reset(torch.tensor([1, 2, 3]))
+    assert hybrid.outlook() == suffix.outlook() == 1
+    assert HybridDrafter([("a", LookaheadDrafter()), ("b", LookaheadDrafter())]).outlook() == 0

@@ -15,7 +15,7 @@ from draftkit.drafters.suffix import SuffixCache, SuffixConfig, SuffixDrafter, S
 from tests.models import ARCHS, tiny_model
 from draftkit.verify.accept import Sampling
 from draftkit.verify.budget import FixedBudget
-from draftkit.verify.contract import Budget, DecodeState, Drafter, StepResult
+from draftkit.verify.contract import Budget, DecodeState, Drafter, DraftTree, StepResult
 from draftkit.verify.decode import generate as _generate
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -327,3 +327,22 @@ def test_repeated_requests_share_their_tail_and_differ_before_it():
     assert build_repeated(tok, n=4, length=96, seed=0) == prompts
     with pytest.raises(ValueError, match="length"):
         build_repeated(tok, n=2, length=10)
+
+
+def test_outlook_follows_the_match_length():
+    """outlook() (contract.Drafter.outlook) rises with the longest match: 1 with none, 4 once the text quotes 8 or
+    more tokens of what came before; the global index's matches count too."""
+    passage = list(range(100, 120))
+    d = SuffixDrafter(use_global=False)
+    d.reset(torch.tensor(passage + [7]))
+    assert d.outlook() == 1
+    seen = []
+    for t in passage[:9]:  # the answer quotes the passage
+        d.update(StepResult(torch.tensor([t]), None, None, None, DraftTree.empty(), []))
+        seen.append(d.outlook())
+    assert seen[0] == 1 and seen[1:3] == [2, 2] and seen[3:7] == [3] * 4 and seen[7:] == [4, 4]
+    g = SuffixDrafter()
+    g.reset(torch.tensor(passage))
+    g.update(StepResult(torch.tensor([7]), None, None, None, DraftTree.empty(), []))
+    g.reset(torch.tensor([7] + passage[:9]))  # the first request went to the global index
+    assert g.outlook() == 4

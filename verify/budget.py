@@ -68,7 +68,7 @@ def make_policy(spec, drafter, model) -> BudgetPolicy:
         if policy is None or policy.model is not model or policy.cap != cap:
             from draftkit.verify.controller import AutoBudget
 
-            policy = AutoBudget(model, cap)
+            policy = AutoBudget(model, cap, outlook=getattr(drafter, "outlook", None))
             try:
                 drafter._auto_budget = policy
             except AttributeError:  # a drafter with __slots__: no memory across calls

@@ -383,6 +383,9 @@ class StepResult:
         return self.new_token_ids if self.new_token_ids is not None else self.new_tokens.tolist()
 
 
+OUTLOOK_LEVELS = 5  # Drafter.outlook() values: 0 (no signal) .. 4
+
+
 @runtime_checkable
 class Drafter(Protocol):
     """A drafting method. Three calls: reset for a new prompt, propose, update."""
@@ -401,6 +404,9 @@ class Drafter(Protocol):
         """Learn what the target kept (roll back caches, store features, harvest n-grams)."""
 
     # optional: warm() -> None, compile now what drafting alone will run (verify/lanes.py `forming_lanes`)
+    # optional: outlook() -> int, asked before each step's budget: how far this step's draft should pass, as the
+    #   drafter can tell before drafting (suffix: the length of its match), 0 (no such signal) to OUTLOOK_LEVELS - 1.
+    #   The controller keeps pass rates per outlook (verify/controller.py)
     # optional, on the class: draft_lanes(drafters) -> DraftLanes | None (verify/lanes.py)
 
 

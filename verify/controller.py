@@ -61,13 +61,17 @@ back-off starts over, and the first idle step probes: shared across the chat set
 learned to idle and reached the summarization prompt at tau 1.07, where a fresh policy drafted at tau 10.7. Within a step, `Budget.min_path_prob`
 tells a drafter with path confidences (EAGLE-2, standalone trees) to stop expanding paths whose draft probability is
 below what one more depth costs.
+
+A drafter that can tell before drafting how far this step's draft should pass (`outlook()`, contract.Drafter: suffix's
+match length) gets pass rates per outlook (`_look`): a quote's steps are then priced by earlier quotes, not by the
+chat around them, which had held the hybrid's tree shallow for six steps into a summary (docs/controller.md).
 """
 from __future__ import annotations
 
 import statistics
 import time
 
-from draftkit.verify.contract import Budget
+from draftkit.verify.contract import OUTLOOK_LEVELS, Budget
 from draftkit.verify.cost_profile import PROFILE_SIZES, CostProfile, context_bucket, path_of
 from draftkit.verify.estimates import AcceptanceModel, DraftCost
 from draftkit.verify.stats import StepStats
@@ -107,8 +111,11 @@ class AutoBudget:
     learned about the drafter's acceptance and cost across sequences."""
 
     def __init__(self, model, cap: Budget, probe_every: int = 8, profile: CostProfile | None = None,
-                 cache_profile: bool = True):
+                 cache_profile: bool = True, outlook=None):
         self.model, self.cap = model, cap
+        self.outlook_of = outlook  # the drafter's outlook() (contract.Drafter), or None: one set of pass rates
+        self.outlook = 0  # the outlook whose pass rates `acceptance` / `chain_acceptance` are (_look)
+        self._by_outlook: dict[int, tuple[AcceptanceModel, AcceptanceModel]] = {}  # the other outlooks' rates
         self.profile = profile
         self.cache_profile = cache_profile
         self.verifier = None  # the run's static verifier (price_on): its path's profile, else the eager one
@@ -147,8 +154,9 @@ class AutoBudget:
     def start(self, prompt_len: int) -> None:
         self._lanes, self._observed_at, self._idle_plan = 1, None, None
         self._first = True  # the sequence's first drafted step is still to come: it catches up on the prompt
-        for model in (self.acceptance, self.chain_acceptance):  # new text (module docstring)
-            model.carry_over(CARRY)
+        for pair in [(self.acceptance, self.chain_acceptance), *self._by_outlook.values()]:  # new text (module
+            for model in pair:  # docstring)
+                model.carry_over(CARRY)
         self._probe_wait, self._idle = self.probe_every, self.probe_every - 1  # its first idle step probes
         self._model_steps = SHAPE_BY_MODEL if self._chain_offered() else 0
         for done in self._realized.values():  # what each shape realized, on the last text: a few steps' worth
@@ -157,6 +165,17 @@ class AutoBudget:
         if self.profile is None or context_bucket(prompt_len) != self.profile.context or path != self.profile.path:
             self.profile = CostProfile.for_model(self.model, prompt_len, cache=self.cache_profile,
                                                  verifier=self.verifier, max_nodes=self.cap.max_nodes)
+
+    def _look(self, outlook: int) -> None:
+        """Make `acceptance` and `chain_acceptance` the pass rates of steps drafted with this outlook (a new one
+        starts from the optimistic prior, as a new drafter does)."""
+        if outlook == self.outlook:
+            return
+        self._by_outlook[self.outlook] = (self.acceptance, self.chain_acceptance)
+        depth = max(self.cap.max_depth, 1)
+        self.acceptance, self.chain_acceptance = self._by_outlook.pop(
+            outlook, (AcceptanceModel(depth), AcceptanceModel(depth)))
+        self.outlook, self._idle_plan = outlook, None  # an idle plan was another outlook's
 
     def nodes(self, depth: int, chain: bool = False) -> int:
         return depth if chain else min(self.cap.max_nodes, max(depth, round(self.nodes_per_depth * depth)))
@@ -238,6 +257,8 @@ class AutoBudget:
         return best, chain, gains, times
 
     def budget(self, context_len: int) -> Budget:
+        if self.outlook_of is not None:
+            self._look(min(max(int(self.outlook_of()), 0), OUTLOOK_LEVELS - 1))
         # an idle drafter's plan holds until a drafted step (a probe) changes what it knows: re-planned every
         # idle step, it cost a silent drafter about 1% of plain decoding in Python alone (suffix, prose, T = 0.8)
         plan = self._idle_plan or self.plan()
