@@ -107,51 +107,52 @@ def test_ranks_read_disjoint_rows_of_each_global_batch(tiny):
 
 @pytest.mark.parametrize("mode", ["cpu", "gpu"])
 def test_real_target_build_commands_parse(tmp_path, mode):
-    """recipes/smollm2/build.sh (dry run): prompts, data, EAGLE-3 (on a CPU: then continued on all the data),
-    EAGLE-2, the standalone draft, Medusa-1, DFlash, P-EAGLE (from the EAGLE-3 draft), the evaluation of all of
-    them and one export each, loaded back and checked; every command parsed by its script as the real run would,
-    every path quoted."""
+    """recipes/smollm2/build.sh (dry run): prompts, data, EAGLE-3 (on a CPU: then continued on further conversations
+    and on two more corpora read as one), EAGLE-2 (on a CPU: continued alike), the standalone draft, Medusa-1,
+    DFlash, P-EAGLE (from the EAGLE-3 draft), the evaluation of all of them and one export each, loaded back and
+    checked; every command parsed by its script as the real run would, every path quoted."""
     out = tmp_path / "runs with spaces"
     env = {**os.environ, "DRY_RUN": "1", "OUT": str(out)}
     argv = ["bash", "recipes/smollm2/build.sh"] + (["--gpu"] if mode == "gpu" else [])
     printed = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, check=True).stdout
     commands = [shlex.split(line[2:].split(" > ")[0]) for line in printed.splitlines() if line.startswith("+ python")]
+    cpu = mode == "cpu"
     stages = ["chat_prompts"] + (["self_instruct"] if mode == "gpu" else []) + ["prepare_data", "eagle"] \
-        + (["eagle", "chat_prompts", "eagle"] if mode == "cpu" else []) \
-        + ["eagle"] + (["eagle"] if mode == "cpu" else []) + ["draft", "medusa", "dflash", "eagle", "compare"] \
+        + (["eagle", "chat_prompts", "eagle", "chat_prompts", "self_instruct", "eagle"] if cpu else []) \
+        + ["eagle"] + (["eagle", "eagle"] if cpu else []) + ["draft", "medusa", "dflash", "eagle", "compare"] \
         + ["export"] * 6
     assert [Path(c[1]).stem for c in commands] == stages
-    if mode == "gpu":  # the target's own chat requests spread among the templated ones: the data's corpus
-        from draftkit.train.self_instruct import parse_args as self_instruct_args
+    from draftkit.train.self_instruct import parse_args as self_instruct_args
 
-        (out / "prompts.jsonl").write_text("")
+    (out / "prompts.jsonl").write_text("")
+    if mode == "gpu":  # the target's own chat requests spread among the templated ones: the data's corpus
         si = self_instruct_args(commands.pop(1)[2:])
         assert si.mix_into == si.exclude[0] == str(out / "prompts.jsonl") and si.target == "smollm2-135m"
         corpus = out / "prompts_self.mixed.jsonl"
     else:
         corpus = out / "prompts.jsonl"
-    more = [c for c in commands[2:] if Path(c[1]).stem == "chat_prompts"]  # CPU: further conversations
+    more = [c for c in commands[2:] if Path(c[1]).stem in ("chat_prompts", "self_instruct")]  # CPU: further prompts
     data, evaluate, exports = commands[1], commands[-7], commands[-6:]
     trains = [c for c in commands[2:-7] if c not in more]
-    corpus.write_text("")  # what the first stages write: the recipes check that their corpus exists
-    (out / "prompts_more.jsonl").write_text("")
+    written = [c[c.index("--out") + 1] for c in more]
+    for path in [corpus] + written:  # what the prompt stages write: the recipes check that their corpus exists
+        Path(path).write_text("")
     cfg = parse_config(config_class(importlib.import_module("draftkit.train.prepare_data")), data[2:])
     runs = [parse_config(config_class(importlib.import_module(f"draftkit.train.{Path(c[1]).stem}")), c[2:])
             for c in trains]
-    continued = runs[2:3] + runs[4:5] if mode == "cpu" else []  # CPU: EAGLE-3 and EAGLE-2 on further conversations
-    for c in [cfg] + runs:  # every stage reads the shards the data stage made (or, CPU, the further conversations
-        # alike): the same data settings
-        first = c.corpus == str(corpus)
-        assert first or c in continued and c.corpus == more[0][more[0].index("--out") + 1]
+    from draftkit.train.targetdata import corpus_parts
+
+    for c in [cfg] + runs:  # every stage reads shards a prompt stage's file was answered into: the same data settings
+        assert {source for source, _ in corpus_parts(c.corpus, c.train_rows)} <= {str(corpus)} | set(written)
         assert c.cache_dir == str(out / "cache") and c.regenerate and c.regen_dtype == cfg.regen_dtype
         assert (c.seq_len, c.messages_column, c.shard_rows, c.regen_max_new_tokens) == \
             (cfg.seq_len, "messages", cfg.shard_rows, cfg.regen_max_new_tokens)
         assert c.train_rows <= cfg.train_rows
-    eagle2s = runs[3:5] if mode == "cpu" else runs[1:2]  # EAGLE-2 (CPU: and its continuation)
-    eagle3, eagle2, draft, medusa, dflash, peagle = runs[-7 if mode == "cpu" else -6], eagle2s[-1], *runs[-4:]
-    assert eagle3.train_rows == eagle2.train_rows == cfg.train_rows  # what ships read all of it
-    for train in [r for r in runs[:-4] if r not in eagle2s] + [peagle]:  # EAGLE-3 (and its continuations) and
-        # P-EAGLE read (2, L//2, L-3) of 30
+    eagle3s, eagle2s = (runs[:4], runs[4:7]) if cpu else (runs[:1], runs[1:2])  # each with its continuations
+    draft, medusa, dflash, peagle = runs[-4:]
+    eagle3, eagle2 = eagle3s[-1], eagle2s[-1]
+    assert eagle3.train_rows == eagle2.train_rows == cfg.train_rows  # what ships reads whole corpora
+    for train in eagle3s + [peagle]:  # EAGLE-3 (and its continuations) and P-EAGLE read (2, L//2, L-3) of 30
         assert train.layout == "reference" and train.feature_layers == "auto"
     assert all(e.layout == "reference" and list(e.feature_layers) == [] for e in eagle2s)
     assert dflash.target_layers == "auto" and cfg.layers[:3] == three_layers(30)  # stored once, shared
@@ -161,11 +162,19 @@ def test_real_target_build_commands_parse(tmp_path, mode):
         assert eagle3.mixed_precision == "bf16" and eagle3.train_rows == 8192
         assert all(r.mixed_precision == "bf16" and r.max_steps == 1000 for r in (draft, medusa, dflash, peagle))
     else:
-        assert runs[1].init_from == str(final) and runs[1].output_dir == str(out / "eagle3-2")
-        assert runs[2].init_from == str(out / "eagle3-2" / "final") and runs[2].output_dir == str(out / "eagle3-3")
-        assert more[0][more[0].index("--exclude") + 1] == str(out / "prompts.jsonl")  # none of the first file's
-        assert eagle2.init_from == str(out / "eagle2" / "final") and eagle2.output_dir == str(out / "eagle2-2")
-        final = out / "eagle3-3" / "final"
+        for runs_, name in ((eagle3s, "eagle3"), (eagle2s, "eagle2")):  # each continues the one before
+            outs = [r.output_dir for r in runs_]
+            assert outs == [str(out / name)] + [str(out / f"{name}-{i}") for i in range(2, len(runs_) + 1)]
+            assert [r.init_from for r in runs_[1:]] == [o + "/final" for o in outs[:-1]]
+        seed2, self_instruct = more[1], self_instruct_args(more[2][2:])
+        # each prompt file leaves out the user texts of every file before it
+        assert more[0][more[0].index("--exclude") + 1:] == [str(out / "prompts.jsonl")]
+        assert seed2[seed2.index("--exclude") + 1:] == [str(out / "prompts.jsonl"), written[0]]
+        assert self_instruct.exclude == [str(out / "prompts.jsonl"), written[0], written[1]]
+        assert self_instruct.target == "smollm2-135m"
+        assert corpus_parts(eagle3.corpus, eagle3.train_rows) == corpus_parts(eagle2.corpus, eagle2.train_rows) == \
+            [(written[1], eagle3.train_rows), (written[2], 960)]  # the last stages read the two as one
+        final = out / "eagle3-4" / "final"
     assert peagle.init_from == str(final)
     from draftkit.eval.cli import parse_args
 
@@ -181,6 +190,12 @@ def test_real_target_build_commands_parse(tmp_path, mode):
         args = build_parser().parse_args(e[2:])
         assert args.format == "vllm" and args.target == "smollm2-135m" and args.check
     assert set(flags.drafters.split(",")) >= {"eagle3", "eagle", "peagle", "dflash", "medusa", "standalone"}
+
+
+def test_real_target_build_refuses_a_folder_with_a_comma(tmp_path):
+    env = {**os.environ, "DRY_RUN": "1", "OUT": str(tmp_path / "a,b")}
+    done = subprocess.run(["bash", "recipes/smollm2/build.sh"], cwd=ROOT, env=env, capture_output=True, text=True)
+    assert done.returncode == 2 and "comma" in done.stderr and not (tmp_path / "a,b").exists()
 
 
 def test_tokens_seen_by_reads_a_runs_report_or_the_zoo_manifest(tmp_path):

@@ -8,10 +8,14 @@
 #   eagle3    EAGLE-3 in the reference layout (recipes/smollm2/eagle3.yaml), on the first 768 conversations
 #   eagle3-2  the same draft continued on all 1,536 (recipes/smollm2/eagle3_continue.yaml)
 #   prompts-more, eagle3-3  1,536 further conversations (none of the first file's), answered and stored alike,
-#             and the draft continued on them (recipes/smollm2/eagle3_more.yaml): what ships
-#             (eagle3-2 and eagle3-3 not with --gpu, whose first stage reads 8,192 conversations)
+#             and the draft continued on them (recipes/smollm2/eagle3_more.yaml)
+#   prompts-seed2, self-instruct, eagle3-4  1,536 more conversations (mostly code and documents) and 960 chat
+#             requests the target writes itself (train/self_instruct.py), each answered and stored, read as one
+#             (recipes/smollm2/eagle3_mix.yaml): what ships
+#             (eagle3-2 to eagle3-4 not with --gpu, whose first stage reads 8,192 conversations)
 #   eagle2    EAGLE-2 in the reference layout (recipes/smollm2/eagle2.yaml) on the same stored data (its last layer)
-#   eagle2-2  (not with --gpu) EAGLE-2 continued on the further conversations (recipes/smollm2/eagle2_more.yaml): ships
+#   eagle2-2, eagle2-3  (not with --gpu) EAGLE-2 continued on the further conversations
+#             (recipes/smollm2/eagle2_more.yaml), then on the two corpora eagle3-4 reads (eagle2_mix.yaml): ships
 #   draft     a standalone 2-layer draft distilled from the target (recipes/smollm2/draft.yaml)
 #   medusa1   three Medusa-1 heads on the target's LM head (recipes/smollm2/medusa1.yaml)
 #   dflash    a DFlash block drafter over the stored layers (recipes/smollm2/dflash.yaml)
@@ -36,6 +40,7 @@ cd "$(dirname "$0")/../.."
 GPU=0
 if [[ ${1:-} == --gpu ]]; then GPU=1; OUT=${OUT:-runs/smollm2-gpu}; fi
 OUT=${OUT:-runs/smollm2}
+if [[ $OUT == *,* ]]; then echo "OUT=$OUT: a folder without commas (a recipe reads comma-separated corpora)" >&2; exit 2; fi
 mkdir -p "$OUT"
 PROMPTS=$OUT/prompts.jsonl
 DATA=(--corpus "$PROMPTS" --cache_dir "$OUT/cache")
@@ -80,17 +85,30 @@ if [[ $GPU == 0 ]]; then  # on a GPU the first stage already reads 8,192 convers
   MORE_PROMPTS=$OUT/prompts_more.jsonl  # further conversations, none of the first file's
   run_stage prompts-more "$MORE_PROMPTS" python train/chat_prompts.py --out "$MORE_PROMPTS" --rows "$ROWS" --seed 1 \
     --exclude "$PROMPTS"
-  FINAL=$OUT/eagle3-3/final
-  run_stage eagle3-3 "$FINAL/train_report.json" python train/eagle.py --config recipes/smollm2/eagle3_more.yaml \
-    --corpus "$MORE_PROMPTS" --cache_dir "$OUT/cache" --init_from "$OUT/eagle3-2/final" --output_dir "$OUT/eagle3-3"
+  run_stage eagle3-3 "$OUT/eagle3-3/final/train_report.json" python train/eagle.py \
+    --config recipes/smollm2/eagle3_more.yaml --corpus "$MORE_PROMPTS" --cache_dir "$OUT/cache" \
+    --init_from "$OUT/eagle3-2/final" --output_dir "$OUT/eagle3-3"
+  SEED2=$OUT/prompts_seed2.jsonl  # further word-list conversations, none of the earlier files' (mostly code)
+  run_stage prompts-seed2 "$SEED2" python train/chat_prompts.py --out "$SEED2" --rows "$ROWS" --seed 2 \
+    --exclude "$PROMPTS" "$MORE_PROMPTS"
+  SELF=$OUT/prompts_self3.jsonl  # chat requests the target writes itself (writing, roleplay, reasoning, ...)
+  run_stage self-instruct "$SELF" python train/self_instruct.py --target smollm2-135m --out "$SELF" --rows 1024 \
+    --seed 3 --exclude "$PROMPTS" "$MORE_PROMPTS" "$SEED2"
+  MIX=(--corpus "$SEED2,$SELF:960" --cache_dir "$OUT/cache")  # the two read as one, each answered and stored
+  FINAL=$OUT/eagle3-4/final
+  run_stage eagle3-4 "$FINAL/train_report.json" python train/eagle.py --config recipes/smollm2/eagle3_mix.yaml \
+    "${MIX[@]}" --init_from "$OUT/eagle3-3/final" --output_dir "$OUT/eagle3-4"
 fi
 run_stage eagle2 "$OUT/eagle2/final/train_report.json" python train/eagle.py --config recipes/smollm2/eagle2.yaml \
   "${DATA[@]}" --output_dir "$OUT/eagle2" "${TRAIN[@]}"
 EAGLE2=$OUT/eagle2/final
-if [[ $GPU == 0 ]]; then  # EAGLE-2 continued on the further conversations too: what ships
-  EAGLE2=$OUT/eagle2-2/final
-  run_stage eagle2-2 "$EAGLE2/train_report.json" python train/eagle.py --config recipes/smollm2/eagle2_more.yaml \
-    --corpus "$MORE_PROMPTS" --cache_dir "$OUT/cache" --init_from "$OUT/eagle2/final" --output_dir "$OUT/eagle2-2"
+if [[ $GPU == 0 ]]; then  # EAGLE-2 continued on the further conversations too, then on the two corpora: what ships
+  run_stage eagle2-2 "$OUT/eagle2-2/final/train_report.json" python train/eagle.py \
+    --config recipes/smollm2/eagle2_more.yaml --corpus "$MORE_PROMPTS" --cache_dir "$OUT/cache" \
+    --init_from "$OUT/eagle2/final" --output_dir "$OUT/eagle2-2"
+  EAGLE2=$OUT/eagle2-3/final
+  run_stage eagle2-3 "$EAGLE2/train_report.json" python train/eagle.py --config recipes/smollm2/eagle2_mix.yaml \
+    "${MIX[@]}" --init_from "$OUT/eagle2-2/final" --output_dir "$OUT/eagle2-3"
 fi
 for stage in draft:draft medusa1:medusa dflash:dflash; do  # recipe:script
   kind=${stage%%:*} script=${stage#*:}
@@ -112,5 +130,5 @@ for kind in peagle dflash medusa1 draft; do
   run_stage "export-$kind" "$OUT/export-vllm-$kind/config.json" python train/export.py "$OUT/$kind/final" \
     --format vllm --out "$OUT/export-vllm-$kind" --target smollm2-135m --check
 done
-echo "ship them: python train/ship.py --name smollm2-135m/eagle --source $(printf '%q' "$EAGLE2") --recipe recipes/smollm2/eagle2$([[ $GPU == 1 ]] || echo _more).yaml --command \"bash recipes/smollm2/build.sh\""
-echo "           python train/ship.py --name smollm2-135m/eagle3 --source $(printf '%q' "$FINAL") --recipe recipes/smollm2/eagle3$([[ $GPU == 1 ]] || echo _more).yaml --command \"bash recipes/smollm2/build.sh\""
+echo "ship them: python train/ship.py --name smollm2-135m/eagle --source $(printf '%q' "$EAGLE2") --recipe recipes/smollm2/eagle2$([[ $GPU == 1 ]] || echo _mix).yaml --command \"bash recipes/smollm2/build.sh\""
+echo "           python train/ship.py --name smollm2-135m/eagle3 --source $(printf '%q' "$FINAL") --recipe recipes/smollm2/eagle3$([[ $GPU == 1 ]] || echo _mix).yaml --command \"bash recipes/smollm2/build.sh\""
