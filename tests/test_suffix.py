@@ -132,7 +132,7 @@ def test_eviction_keeps_the_global_index_under_its_bound_least_recently_used_fir
 
 
 def test_frequent_contexts_walked_by_count_give_the_same_trees(monkeypatch):
-    import draftkit.drafters.suffix as suffix
+    import draftkit.drafters.suffix_index as suffix  # where the automaton reads RANK_FANOUT
 
     rng = random.Random(2)
     index = SuffixIndex()

@@ -103,12 +103,19 @@ class TrainConfig:
         if bad:
             raise TrainError("; ".join(bad))
 
+    def corpus_sources(self) -> list[str]:
+        """The sources `corpus` names (one here; a drafter recipe's may name several)."""
+        return [self.corpus]
+
     def corpus_problems(self) -> list[str]:
-        """What is wrong with `corpus` (one line each), checked before anything loads."""
+        """What is wrong with `corpus` (one line per bad source), checked before anything loads."""
         from draftkit.corpus import corpus_problem
 
-        problem = corpus_problem(self.corpus)
-        return [f"--corpus {self.corpus}: {problem}"] if problem else []
+        try:
+            sources = self.corpus_sources()
+        except TrainError as e:
+            return [str(e)]
+        return [f"--corpus {source}: {problem}" for source in sources if (problem := corpus_problem(source))]
 
     def _optimiser_problem(self) -> str | None:
         """What is wrong with the learning-rate settings, checked before anything loads."""

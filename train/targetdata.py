@@ -76,14 +76,8 @@ class TargetDataConfig(TrainConfig):
     data_mode: str = field("cached", "cached: the target's outputs computed once, stored fp16 and reused every "
                                      "epoch; online: computed for every batch (no disk)")
 
-    def corpus_problems(self) -> list[str]:
-        from draftkit.corpus import corpus_problem
-
-        try:
-            parts = corpus_parts(self.corpus, self.train_rows)
-        except TrainError as e:
-            return [str(e)]
-        return [f"--corpus {source}: {problem}" for source, _ in parts if (problem := corpus_problem(source))]
+    def corpus_sources(self) -> list[str]:
+        return [source for source, _ in corpus_parts(self.corpus, self.train_rows)]
 
     def __post_init__(self):
         super().__post_init__()
@@ -113,12 +107,12 @@ def corpus_parts(spec: str, train_rows: int) -> list[tuple[str, int]]:
     """[(source, training rows)] of a `corpus` setting: "a.jsonl,b.jsonl:960" -> [(a.jsonl, train_rows),
     (b.jsonl, 960)]. A ROWS suffix is digits after the last colon, so a source's own colons are left alone."""
     parts = []
-    for item in spec.split(","):
-        source, colon, rows = item.strip().rpartition(":")
+    for item in (i.strip() for i in spec.split(",")):
+        source, colon, rows = item.rpartition(":")
         if not colon or not rows.isdigit():
-            source, rows = item.strip(), str(train_rows)
+            source, rows = item, str(train_rows)
         if not source or int(rows) < 1:
-            raise TrainError(f"--corpus {spec}: {item.strip()!r} is not SOURCE or SOURCE:ROWS with ROWS >= 1")
+            raise TrainError(f"--corpus {spec}: {item!r} is not SOURCE or SOURCE:ROWS with ROWS >= 1")
         parts.append((source, int(rows)))
     if len({source for source, _ in parts}) < len(parts):
         raise TrainError(f"--corpus {spec}: a source is named twice")
