@@ -19,5 +19,6 @@ import pytest  # noqa: E402
 def drafts_in_the_target_dtype(monkeypatch):
     """The tests' drafts run in their fp32 targets' dtype, as on a CPU without native bf16 products, so that the
     draft caches can be checked against recomputation to 1e-4; tests/test_draft_dtype.py runs them in bf16
-    (drafters/draft_dtype.py: the default on a CPU with native bf16 products)."""
+    (drafters/draft_dtype.py: the default on a CPU with native bf16 products); trainings likewise run in fp32
+    (train/loop.py takes bf16 autocast there; tests/test_training_precision.py runs each recipe in both)."""
     monkeypatch.setattr("draftkit.drafters.draft_dtype.native_bf16", lambda device: False)

@@ -80,7 +80,8 @@ class TrainConfig:
     grad_clip: float = field(1.0, "gradient norm clip (0: none)")
     gradient_accumulation_steps: int = field(1, "micro-batches per optimizer step")
     mixed_precision: str = field("auto", "no, fp16 or bf16; auto: the accelerate config's fp16/bf16 if it sets "
-                                         "one, else bf16 on a GPU that has it, else fp32 (CPUs: fp32 is faster)")
+                                         "one, else bf16 where bf16 products run natively (a GPU that has them, a CPU "
+                                         "with AMX or AVX512-BF16), else fp32")
     eval_every: int = field(200, "held-out evaluation every N steps (and always at the end)")
     eval_blocks: int = field(32, "held-out blocks per evaluation")
     checkpoint_every: int = field(100, "checkpoint every N steps, and always at the last step "

@@ -161,7 +161,7 @@ class EagleLoss(nn.Module):
                 logits = logits[:, vocab_ids]
         if vocab_ids is not None:  # p restricted to the draft vocabulary, where its top-1 lies in it
             keep = keep * self.draft.t2d[tgt_top].float()
-        tgt_p = logits.new_zeros(b, n, logits.shape[-1])
+        tgt_p = logits.new_zeros(b, n, logits.shape[-1], dtype=torch.float32)  # fp32 under bf16 autocast too
         tgt_p[sel] = logits.float().softmax(-1)
         return tgt_p, tgt_top, keep
 
