@@ -231,3 +231,23 @@ def test_the_all_plain_step_is_priced_by_what_plain_steps_measured():
     assert all(d > 0 for d in planned(None))  # the line's 58 ms plain step: drafting looks better
     assert planned(0.040) == [0] * 4  # measured 40 ms: plain is better
     assert all(d > 0 for d in planned(0.070))  # measured 70 ms: drafting pays again
+
+
+def test_each_lane_is_priced_by_its_own_drafters_outlook():
+    """Lanes whose controllers learned that steps of outlook 4 pass every level and steps of outlook 1 none: in one
+    batch the lane whose drafter says 4 (inside a quote) drafts its cap, the lane whose drafter says 1 steps plain."""
+    profile = curve(0.01, lambda n: 1.0 + 0.1 * n)
+    outlooks = [4, 1]
+    policies = []
+    for i in range(2):
+        policy = AutoBudget(None, Budget(4, 4), profile=profile, cache_profile=False,
+                            outlook=lambda i=i: outlooks[i])
+        for look, rate in ((4, 0.95), (1, 0.02)):  # what each outlook's steps passed
+            policy._look(look)
+            policy.acceptance = AcceptanceModel(4, prior_rate=rate, prior_weight=1e9)
+        policy._look(0)
+        policies.append(policy)
+    budgets = plan(policies)
+    assert [b.max_depth for b in budgets] == [4, 0]
+    outlooks.reverse()
+    assert [b.max_depth for b in plan(policies)] == [0, 4]

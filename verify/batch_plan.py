@@ -192,6 +192,7 @@ class _LaneModel:
     def __init__(self, policy: AutoBudget, remaining: int, weight: float):
         self.policy, self.weight = policy, weight
         self.top = max(0, min(policy.cap.max_depth, remaining - 1))  # deeper than what is left commits nothing
+        policy.look()  # the lane's drafter's outlook: its pass rates for this step (suffix inside a quote)
         self.tables = {chain: policy.tables(chain) for chain in policy.shapes()}  # by depth 0..cap: a probe reads 1
         self.options = [(d, chain) for chain in self.tables for d in range(self.top + 1) if d or not chain]
         self.gains = [self.tables[chain][0][d] for d, chain in self.options]

@@ -256,9 +256,14 @@ class AutoBudget:
             best = 0  # a gain inside the estimates' own error is no gain (DRAFT_MARGIN)
         return best, chain, gains, times
 
-    def budget(self, context_len: int) -> Budget:
+    def look(self) -> None:
+        """Take the drafter's outlook for the coming step (its pass rates: _look): before the step's plan, by
+        `budget` for one sequence, by the batch planner for a lane."""
         if self.outlook_of is not None:
             self._look(min(max(int(self.outlook_of()), 0), OUTLOOK_LEVELS - 1))
+
+    def budget(self, context_len: int) -> Budget:
+        self.look()
         # an idle drafter's plan holds until a drafted step (a probe) changes what it knows: re-planned every
         # idle step, it cost a silent drafter about 1% of plain decoding in Python alone (suffix, prose, T = 0.8)
         plan = self._idle_plan or self.plan()
