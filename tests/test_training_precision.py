@@ -18,6 +18,8 @@ RECIPES = {  # name: (training script, its flags)
     "dflash": ("dflash", ["--block_size", "4", "--draft_layers", "1", "--anchors", "8"]),
     "medusa": ("medusa", ["--num_heads", "2", "--eval_top_k", "3", "--tree_size", "4"]),
     "draft": ("draft", ["--hidden_size", "16", "--num_layers", "1", "--num_heads", "2", "--intermediate_size", "32"]),
+    "pretrain": ("pretrain", ["--hidden_size", "32", "--num_layers", "1", "--num_heads", "2",
+                              "--intermediate_size", "64"]),
 }
 STEPS = 4
 
@@ -30,9 +32,14 @@ def tiny_run(tmp_path_factory):
 def losses(tiny_run, out, script, flags, precision) -> list[float]:
     main = importlib.import_module(f"draftkit.train.{script}").main
     argv = train_argv(tiny_run, out, STEPS, *flags, "--mixed_precision", precision)
-    if script in ("medusa", "draft"):  # no tau measurement at the end of these recipes
+    if script in ("medusa", "draft", "pretrain"):  # no tau measurement at the end of these recipes
         at = argv.index("--eval_tau_prompts")
         del argv[at:at + 4]  # --eval_tau_prompts N --eval_new_tokens N
+    if script == "pretrain":  # its own target, on the tiny run's tokenizer; none of the drafters' data flags
+        for flag in ("--target", "--cache_dir", "--train_rows", "--shard_rows"):
+            at = argv.index(flag)
+            del argv[at:at + 2]
+        argv += ["--tokenizer_dir", str(tiny_run / "target")]
     report = main(argv)
     return [h["loss"] for h in report["history"]]
 
