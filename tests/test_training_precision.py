@@ -41,6 +41,7 @@ def losses(tiny_run, out, script, flags, precision) -> list[float]:
             del argv[at:at + 2]
         argv += ["--tokenizer_dir", str(tiny_run / "target")]
     report = main(argv)
+    assert report["mixed_precision"] == precision  # said in the report (and printed when the run starts)
     return [h["loss"] for h in report["history"]]
 
 

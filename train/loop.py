@@ -176,6 +176,7 @@ class Loop:
         *self.models, self.opt, self.sched = acc.prepare(*modules, opt, sched)
         self.start_step = self._resume(shapes)
         self.shapes = shapes
+        acc.print(f"precision: {acc.mixed_precision} autocast" if acc.mixed_precision != "no" else "precision: fp32")
         self._start_tracking()
         return tuple(self.models)
 
@@ -358,6 +359,7 @@ class Loop:
 
     def write_report(self, report: dict, folder: str | None = None) -> None:
         """train_report.json in the final folder (the manifest reads it), and the report on stdout."""
+        report["mixed_precision"] = self.acc.mixed_precision  # (the caller's report: what main() returns says it too)
         if self.acc.is_main_process:
             os.makedirs(folder or self.final_dir, exist_ok=True)
             with open(os.path.join(folder or self.final_dir, "train_report.json"), "w") as fh:
