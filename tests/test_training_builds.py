@@ -118,7 +118,8 @@ def test_real_target_build_commands_parse(tmp_path, mode):
     commands = [shlex.split(line[2:].split(" > ")[0]) for line in printed.splitlines() if line.startswith("+ python")]
     cpu = mode == "cpu"
     stages = ["chat_prompts"] + (["self_instruct"] if mode == "gpu" else []) + ["prepare_data", "eagle"] \
-        + (["eagle", "chat_prompts", "eagle", "chat_prompts", "self_instruct", "eagle"] if cpu else []) \
+        + (["eagle", "chat_prompts", "eagle", "chat_prompts", "self_instruct", "eagle", "self_instruct", "eagle"]
+           if cpu else []) \
         + ["eagle"] + (["eagle", "eagle"] if cpu else []) + ["draft", "medusa", "dflash", "eagle", "compare"] \
         + ["export"] * 6
     assert [Path(c[1]).stem for c in commands] == stages
@@ -148,7 +149,7 @@ def test_real_target_build_commands_parse(tmp_path, mode):
         assert (c.seq_len, c.messages_column, c.shard_rows, c.regen_max_new_tokens) == \
             (cfg.seq_len, "messages", cfg.shard_rows, cfg.regen_max_new_tokens)
         assert c.train_rows <= cfg.train_rows
-    eagle3s, eagle2s = (runs[:4], runs[4:7]) if cpu else (runs[:1], runs[1:2])  # each with its continuations
+    eagle3s, eagle2s = (runs[:5], runs[5:8]) if cpu else (runs[:1], runs[1:2])  # each with its continuations
     draft, medusa, dflash, peagle = runs[-4:]
     eagle3, eagle2 = eagle3s[-1], eagle2s[-1]
     assert eagle3.train_rows == eagle2.train_rows == cfg.train_rows  # what ships reads whole corpora
@@ -172,9 +173,12 @@ def test_real_target_build_commands_parse(tmp_path, mode):
         assert seed2[seed2.index("--exclude") + 1:] == [str(out / "prompts.jsonl"), written[0]]
         assert self_instruct.exclude == [str(out / "prompts.jsonl"), written[0], written[1]]
         assert self_instruct.target == "smollm2-135m"
-        assert corpus_parts(eagle3.corpus, eagle3.train_rows) == corpus_parts(eagle2.corpus, eagle2.train_rows) == \
-            [(written[1], eagle3.train_rows), (written[2], 960)]  # the last stages read the two as one
-        final = out / "eagle3-4" / "final"
+        assert self_instruct_args(more[3][2:]).exclude == [str(out / "prompts.jsonl"), *written[:3]]
+        assert corpus_parts(eagle3s[-2].corpus, eagle3.train_rows) == corpus_parts(eagle2.corpus, eagle2.train_rows) \
+            == [(written[1], eagle3.train_rows), (written[2], 960)]  # EAGLE-2's last stage reads the two as one
+        assert corpus_parts(eagle3.corpus, eagle3.train_rows) == \
+            [(written[1], eagle3.train_rows), (written[2], 960), (written[3], 960)]  # EAGLE-3's, a third too
+        final = out / "eagle3-5" / "final"
     assert peagle.init_from == str(final)
     from draftkit.eval.cli import parse_args
 

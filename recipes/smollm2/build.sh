@@ -11,8 +11,10 @@
 #             and the draft continued on them (recipes/smollm2/eagle3_more.yaml)
 #   prompts-seed2, self-instruct, eagle3-4  1,536 more conversations (mostly code and documents) and 960 chat
 #             requests the target writes itself (train/self_instruct.py), each answered and stored, read as one
-#             (recipes/smollm2/eagle3_mix.yaml): what ships
-#             (eagle3-2 to eagle3-4 not with --gpu, whose first stage reads 8,192 conversations)
+#             (recipes/smollm2/eagle3_mix.yaml)
+#   self-instruct-4, eagle3-5  960 more chat requests the target writes itself, answered and stored, and the
+#             draft continued on the three corpora read as one (recipes/smollm2/eagle3_mix2.yaml): what ships
+#             (eagle3-2 to eagle3-5 not with --gpu, whose first stage reads 8,192 conversations)
 #   eagle2    EAGLE-2 in the reference layout (recipes/smollm2/eagle2.yaml) on the same stored data (its last layer)
 #   eagle2-2, eagle2-3  (not with --gpu) EAGLE-2 continued on the further conversations
 #             (recipes/smollm2/eagle2_more.yaml), then on the two corpora eagle3-4 reads (eagle2_mix.yaml): ships
@@ -29,7 +31,8 @@
 #   DRY_RUN=1           print the commands (and which stages are done) without running anything
 # On 2 CPU cores (EPYC, fp32): about two hours for the data (1,536 conversations), 40 minutes for each EAGLE-3
 # stage, 20 for EAGLE-2, 10-30 for each of the other four (600 steps). On 2 Xeon cores with AMX (answers in bf16):
-# 50 minutes for 1,536 conversations (35 answering, 13 storing hidden states), 25 for an EAGLE-3 stage.
+# 50 minutes for 1,536 conversations (35 answering, 13 storing hidden states), 15 for an EAGLE-3 stage of 624 steps
+# (bf16 autocast, the default on such a CPU; 25 in fp32), 8 for 1,024 self-instruct requests.
 #
 # bash recipes/smollm2/build.sh --gpu   (OUT defaults to runs/smollm2-gpu)
 # Sized for about 12 minutes on one H200: 8,192 conversations answered in batches of 512 (bf16), EAGLE-3 for
@@ -95,9 +98,15 @@ if [[ $GPU == 0 ]]; then  # on a GPU the first stage already reads 8,192 convers
   run_stage self-instruct "$SELF" python train/self_instruct.py --target smollm2-135m --out "$SELF" --rows 1024 \
     --seed 3 --exclude "$PROMPTS" "$MORE_PROMPTS" "$SEED2"
   MIX=(--corpus "$SEED2,$SELF:960" --cache_dir "$OUT/cache")  # the two read as one, each answered and stored
-  FINAL=$OUT/eagle3-4/final
-  run_stage eagle3-4 "$FINAL/train_report.json" python train/eagle.py --config recipes/smollm2/eagle3_mix.yaml \
-    "${MIX[@]}" --init_from "$OUT/eagle3-3/final" --output_dir "$OUT/eagle3-4"
+  run_stage eagle3-4 "$OUT/eagle3-4/final/train_report.json" python train/eagle.py \
+    --config recipes/smollm2/eagle3_mix.yaml "${MIX[@]}" --init_from "$OUT/eagle3-3/final" --output_dir "$OUT/eagle3-4"
+  SELF4=$OUT/prompts_self4.jsonl  # more chat requests the target writes itself
+  run_stage self-instruct-4 "$SELF4" python train/self_instruct.py --target smollm2-135m --out "$SELF4" --rows 1024 \
+    --seed 4 --exclude "$PROMPTS" "$MORE_PROMPTS" "$SEED2" "$SELF"
+  FINAL=$OUT/eagle3-5/final
+  run_stage eagle3-5 "$FINAL/train_report.json" python train/eagle.py --config recipes/smollm2/eagle3_mix2.yaml \
+    --corpus "$SEED2,$SELF:960,$SELF4:960" --cache_dir "$OUT/cache" --init_from "$OUT/eagle3-4/final" \
+    --output_dir "$OUT/eagle3-5"
 fi
 run_stage eagle2 "$OUT/eagle2/final/train_report.json" python train/eagle.py --config recipes/smollm2/eagle2.yaml \
   "${DATA[@]}" --output_dir "$OUT/eagle2" "${TRAIN[@]}"
@@ -131,4 +140,4 @@ for kind in peagle dflash medusa1 draft; do
     --format vllm --out "$OUT/export-vllm-$kind" --target smollm2-135m --check
 done
 echo "ship them: python train/ship.py --name smollm2-135m/eagle --source $(printf '%q' "$EAGLE2") --recipe recipes/smollm2/eagle2$([[ $GPU == 1 ]] || echo _mix).yaml --command \"bash recipes/smollm2/build.sh\""
-echo "           python train/ship.py --name smollm2-135m/eagle3 --source $(printf '%q' "$FINAL") --recipe recipes/smollm2/eagle3$([[ $GPU == 1 ]] || echo _mix).yaml --command \"bash recipes/smollm2/build.sh\""
+echo "           python train/ship.py --name smollm2-135m/eagle3 --source $(printf '%q' "$FINAL") --recipe recipes/smollm2/eagle3$([[ $GPU == 1 ]] || echo _mix2).yaml --command \"bash recipes/smollm2/build.sh\""
