@@ -137,7 +137,9 @@ class Loop:
         os.makedirs(cfg.output_dir, exist_ok=True)
         # accelerate keeps one state per process: a second run in the same process (a notebook, a test) with
         # another precision would be refused. The processes' own state (PartialState: ranks, process group) stays
-        AcceleratorState._reset_state(reset_partial_state=False)
+        reset = getattr(AcceleratorState, "_reset_state", None)  # (accelerate's own, not public: kept optional)
+        if reset is not None:
+            reset(reset_partial_state=False)
         self.acc = Accelerator(
             # without a GPU, cpu=True is what makes accelerate join the processes torchrun started (gloo, MULTI_CPU)
             # instead of each running alone
