@@ -8,18 +8,18 @@ import pytest
 import torch
 
 from tests.parallel_common import make_tiny_run, train_argv
+from tests.test_training import recipe_argv, tiny  # noqa: F401  (tiny: the fixture recipe_argv's runs read)
 
-RECIPES = {  # name: (training script, its flags)
-    "eagle2": ("eagle", []),
+RECIPES = {  # name: (training script, its flags); the drafters of hidden states on a 4-layer target (tiny_run)
+    "eagle2": ("eagle", ["--layout", "draftkit"]),
     "eagle3": ("eagle", ["--layout", "reference", "--feature_layers", "[1, 2, 3]",
                          "--ttt_steps", "2", "--draft_vocab_size", "64"]),
     "peagle": ("eagle", ["--layout", "reference", "--feature_layers", "[1, 2, 3]",
                          "--parallel_depths", "3", "--draft_vocab_size", "-1", "--feature_loss_weight", "0"]),
     "dflash": ("dflash", ["--block_size", "4", "--draft_layers", "1", "--anchors", "8"]),
-    "medusa": ("medusa", ["--num_heads", "2", "--eval_top_k", "3", "--tree_size", "4"]),
-    "draft": ("draft", ["--hidden_size", "16", "--num_layers", "1", "--num_heads", "2", "--intermediate_size", "32"]),
-    "pretrain": ("pretrain", ["--hidden_size", "32", "--num_layers", "1", "--num_heads", "2",
-                              "--intermediate_size", "64"]),
+    "medusa": ("medusa", []),  # the rest as tests/test_training.py runs them (recipe_argv)
+    "draft": ("draft", []),
+    "pretrain": ("pretrain", []),
 }
 STEPS = 4
 
@@ -29,27 +29,24 @@ def tiny_run(tmp_path_factory):
     return make_tiny_run(tmp_path_factory.mktemp("precision"), layers=4)
 
 
-def losses(tiny_run, out, script, flags, precision) -> list[float]:
-    main = importlib.import_module(f"draftkit.train.{script}").main
-    argv = train_argv(tiny_run, out, STEPS, *flags, "--mixed_precision", precision)
-    if script in ("medusa", "draft", "pretrain"):  # no tau measurement at the end of these recipes
-        at = argv.index("--eval_tau_prompts")
-        del argv[at:at + 4]  # --eval_tau_prompts N --eval_new_tokens N
-    if script == "pretrain":  # its own target, on the tiny run's tokenizer; none of the drafters' data flags
-        for flag in ("--target", "--cache_dir", "--train_rows", "--shard_rows"):
-            at = argv.index(flag)
-            del argv[at:at + 2]
-        argv += ["--tokenizer_dir", str(tiny_run / "target")]
-    report = main(argv)
+def losses(argv: list[str], script: str, precision: str) -> list[float]:
+    report = importlib.import_module(f"draftkit.train.{script}").main([*argv, "--mixed_precision", precision])
     assert report["mixed_precision"] == precision  # said in the report (and printed when the run starts)
     return [h["loss"] for h in report["history"]]
 
 
-@pytest.mark.parametrize("name", RECIPES)
-def test_bf16_autocast_trains_as_fp32_does(name, tiny_run, tmp_path):
+def argv_of(name: str, tiny_run, tiny, out) -> list[str]:
     script, flags = RECIPES[name]
-    fp32 = losses(tiny_run, tmp_path / "fp32", script, flags, "no")
-    bf16 = losses(tiny_run, tmp_path / "bf16", script, flags, "bf16")
+    if flags:
+        return train_argv(tiny_run, out, STEPS, *flags)
+    return recipe_argv(script, tiny, out, "--max_steps", str(STEPS))
+
+
+@pytest.mark.parametrize("name", RECIPES)
+def test_bf16_autocast_trains_as_fp32_does(name, tiny_run, tiny, tmp_path):
+    script = RECIPES[name][0]
+    fp32 = losses(argv_of(name, tiny_run, tiny, tmp_path / "fp32"), script, "no")
+    bf16 = losses(argv_of(name, tiny_run, tiny, tmp_path / "bf16"), script, "bf16")
     assert len(bf16) == STEPS and all(torch.isfinite(torch.tensor(bf16)))
     assert bf16 == pytest.approx(fp32, rel=0.05), (fp32, bf16)
 
