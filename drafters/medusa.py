@@ -134,7 +134,16 @@ class MedusaHeads(nn.Module):
 
     def forward(self, h: torch.Tensor, num_heads: int | None = None) -> torch.Tensor:
         """(n, ..., V) logits of the first n = num_heads (default: all) heads; a shallow tree runs fewer."""
-        return torch.stack([self.head_logits(k, h) for k in range(num_heads or self.num_heads)])
+        n = num_heads or self.num_heads
+        if self.proj is not None:
+            return torch.stack([self.head_logits(k, h) for k in range(n)])
+        # One product with the shared LM head for all n heads: (n, ..., H) @ (H, V) reads the (V, H) weight once,
+        # where n separate calls would read it n times (it is the largest matrix a small target has).
+        x = torch.stack([self.blocks[k](h) for k in range(n)])
+        lm = self._lm_head
+        if lm is None:
+            raise RuntimeError("MedusaHeads(share_lm_head=True) needs attach_lm_head(target.get_output_embeddings())")
+        return lm[0](x.to(lm[0].weight.dtype))
 
 
 # ----------------------------------------------------------------------------- drafter
