@@ -97,3 +97,17 @@ if __name__ == "__main__":
 def shipped_for(family: str, zoo: Path | None = None) -> set[str]:
     """The kinds of draft the zoo ships for the named real target `family` (entries `<family>/<kind>`)."""
     return {k.split("/", 1)[1] for k in available(zoo) if k.startswith(family + "/")}
+
+
+def tokens_seen_by(folder: str | os.PathLike) -> int:
+    """The tokens a trained model folder has seen in all: its run's train_report.json, or for a shipped model the
+    zoo manifest's entry (the zoo keeps no report); 0 when neither says (a hub model, a folder trained elsewhere)."""
+    report = Path(folder) / "train_report.json"
+    if report.is_file():
+        return int(json.loads(report.read_text()).get("tokens_seen") or 0)
+    try:
+        name = Path(folder).resolve().relative_to(Path(ZOO).resolve()).as_posix()  # a shipped model's manifest name
+        entry = manifest(ZOO)["models"].get(name, {})
+    except (ValueError, ZooError):  # not under the zoo, or no zoo
+        return 0
+    return int(entry.get("tokens_seen") or 0)

@@ -43,6 +43,7 @@ import torch
 
 from draftkit.drafters import draft_dtype
 from draftkit.runlog import append_history, read_history
+from draftkit.zoo import tokens_seen_by
 from draftkit.train.config import TrainError
 
 STATE_FILE = "trainer_state.json"
@@ -378,22 +379,6 @@ class Loop:
             # every rank leaves together: a process that exits with its group alive aborts (gloo's threads)
             torch.distributed.barrier()
             torch.distributed.destroy_process_group()
-
-
-def tokens_seen_by(folder: str | os.PathLike) -> int:
-    """The tokens a trained model folder has seen in all: its run's train_report.json, or for a shipped model the
-    zoo manifest's entry (the zoo keeps no report); 0 when neither says (a hub model, a folder trained elsewhere)."""
-    from draftkit.zoo import ZOO, ZooError, manifest
-
-    report = Path(folder) / "train_report.json"
-    if report.is_file():
-        return int(json.loads(report.read_text()).get("tokens_seen") or 0)
-    try:
-        name = Path(folder).resolve().relative_to(Path(ZOO).resolve()).as_posix()  # a shipped model's manifest name
-        entry = manifest(ZOO)["models"].get(name, {})
-    except (ValueError, ZooError):  # not under the zoo, or no zoo
-        return 0
-    return int(entry.get("tokens_seen") or 0)
 
 
 def save_hf(model, tokenizer, out_dir: str, dtype=torch.float16) -> None:

@@ -1,0 +1,212 @@
+"""tau against tokens trained: trained drafts of one target at their full tree (every step drafts the caps, no
+controller), on the same chat-templated prompts, beside plain greedy decoding; a table and a plot.
+
+    python eval/tau_curve.py --target smollm2-135m \
+        --draft eagle3=runs/smollm2/eagle3-mix/final --draft eagle3=zoo/smollm2-135m/eagle3 \
+        --draft eagle=zoo/smollm2-135m/eagle --out docs/results/smollm2_tau_curve
+
+Each --draft is KIND=FOLDER or KIND=FOLDER@TOKENS. The tokens a draft trained on come from its folder's
+train_report.json or, for a shipped draft, the zoo manifest; @TOKENS says them for a folder that keeps neither
+(an earlier shipped version taken out of git history). tau here is what a draft's proposals are worth at its
+largest tree, the quantity a GPU's flat verify cost turns into speed; compare.py measures the speed on this
+machine. Every draft's output is checked against plain decoding token for token. Each finished draft is one line
+of <out>/tau_curve.jsonl, so an interrupted run resumes where it stopped (with the same prompts and settings).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from dataclasses import dataclass
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+@dataclass(frozen=True)
+class DraftSpec:
+    kind: str  # a drafter name (draftkit.DRAFTERS)
+    folder: str
+    tokens: int  # tokens trained on, in all
+
+
+def parse_draft(text: str, kinds) -> DraftSpec:
+    """KIND=FOLDER[@TOKENS] -> DraftSpec; ValueError naming what is wrong."""
+    from draftkit.zoo import tokens_seen_by
+
+    kind, sep, rest = text.partition("=")
+    if not sep or not rest:
+        raise ValueError(f"--draft {text!r}: expected KIND=FOLDER or KIND=FOLDER@TOKENS")
+    if kind not in kinds:
+        raise ValueError(f"--draft {text!r}: unknown kind {kind!r} (one of {', '.join(kinds)})")
+    folder, at, tokens = rest.rpartition("@") if "@" in rest else (rest, "", "")
+    if not os.path.isdir(folder):
+        raise ValueError(f"--draft {text!r}: no folder {folder}")
+    if at:
+        if not tokens.isdigit():
+            raise ValueError(f"--draft {text!r}: @TOKENS must be a whole number, got {tokens!r}")
+        return DraftSpec(kind, folder, int(tokens))
+    seen = tokens_seen_by(folder)
+    if seen <= 0:
+        raise ValueError(f"--draft {text!r}: {folder} records no tokens trained (no train_report.json, not in "
+                         f"the zoo's manifest); say them as {kind}={folder}@TOKENS")
+    return DraftSpec(kind, folder, seen)
+
+
+def parse(argv=None) -> argparse.Namespace:
+    import draftkit as dk
+
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--target", default="smollm2-135m",
+                    help="the target: 'default' (the shipped one), a named real target, a GGUF file or a Hugging "
+                         "Face folder (default: %(default)s)")
+    ap.add_argument("--draft", action="append", default=[], metavar="KIND=FOLDER[@TOKENS]",
+                    help="a trained draft, repeated for each point of the curve (at least one)")
+    ap.add_argument("--tasks", default="chat,humaneval",
+                    help="compare.py's task names, chat-templated where the target has a template "
+                         "(default: %(default)s)")
+    ap.add_argument("--prompts", type=int, default=2, help="prompts per task or chat category (default: %(default)s)")
+    ap.add_argument("--max-new-tokens", type=int, default=96, help="tokens generated per prompt (default: %(default)s)")
+    ap.add_argument("--out", default="runs/measure/tau_curve",
+                    help="folder for tau_curve.jsonl, tau_curve.txt and tau_curve.png (default: %(default)s)")
+    args = ap.parse_args(argv)
+    if not args.draft:
+        ap.error("name at least one --draft KIND=FOLDER")
+    if args.prompts < 1 or args.max_new_tokens < 1:
+        ap.error(f"--prompts and --max-new-tokens must be at least 1, got {args.prompts} and {args.max_new_tokens}")
+    try:
+        args.specs = [parse_draft(d, dk.DRAFTERS) for d in args.draft]
+    except ValueError as e:
+        ap.error(str(e))
+    args.task_list = [t.strip() for t in args.tasks.split(",") if t.strip()]
+    return args
+
+
+def settings(args) -> dict:
+    """What makes two measurements comparable: a line measured under other settings is not reused."""
+    return {"target": args.target, "tasks": args.task_list, "prompts": args.prompts,
+            "max_new_tokens": args.max_new_tokens}
+
+
+def done_lines(path: str, same: dict) -> dict[tuple, dict]:
+    """{(kind, folder): line} of the drafts already measured under the same settings."""
+    if not os.path.exists(path):
+        return {}
+    with open(path) as fh:
+        lines = [json.loads(x) for x in fh if x.strip()]
+    return {(x["kind"], x["folder"]): x for x in lines if x["settings"] == same}
+
+
+def measure(spec: DraftSpec, target, tokenizer, tasks: dict, plain: dict, new_tokens: int, bar) -> dict:
+    """One draft's tau per task at its full tree, and the tasks where its output left plain decoding's."""
+    import draftkit as dk
+
+    drafter = dk.make_drafter(spec.kind, target, spec.folder, tokenizer=tokenizer)
+    tau, differs = {}, []
+    for task, prompts in tasks.items():
+        committed = steps = 0
+        for i, p in enumerate(prompts):
+            out = dk.generate(target, p.ids, drafter, max_new_tokens=new_tokens, budget="fixed")
+            if out.tokens.tolist() != plain[task][i]:
+                differs.append(task)
+            committed += sum(s.accepted + 1 for s in out.stats.decode_steps)
+            steps += len(out.stats.decode_steps)
+            bar.update(1)
+        tau[task] = committed / max(steps, 1)
+    chat = [v for k, v in tau.items() if k.startswith("chat/")]
+    return {"kind": spec.kind, "folder": spec.folder, "tokens_seen": spec.tokens, "tau": tau,
+            "chat_mean": sum(chat) / len(chat) if chat else None, "differs": sorted(set(differs))}
+
+
+def table(lines: list[dict]) -> str:
+    rows = ["| drafter | tokens trained | chat set mean tau (range) | HumanEval tau | output identical | folder |",
+            "|---|---|---|---|---|---|"]
+    for x in sorted(lines, key=lambda x: (x["kind"], x["tokens_seen"])):
+        chat = [v for k, v in x["tau"].items() if k.startswith("chat/")]
+        span = f"{x['chat_mean']:.2f} ({min(chat):.2f}-{max(chat):.2f})" if chat else "-"
+        he = x["tau"].get("humaneval")
+        same = "yes" if not x["differs"] else "differs on " + ", ".join(x["differs"])
+        rows.append(f"| {x['kind']} | {x['tokens_seen'] / 1e6:.2f}M | {span} | "
+                    f"{'-' if he is None else f'{he:.2f}'} | {same} | {x['folder']} |")
+    return "\n".join(rows)
+
+
+def plot(lines: list[dict], path: str, title: str) -> None:
+    """Two panels, chat set mean and HumanEval, tau against million tokens trained, one line per drafter."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = [("chat set (mean over categories)", lambda x: x["chat_mean"]),
+              ("HumanEval", lambda x: x["tau"].get("humaneval"))]
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4), sharey=True)
+    for ax, (name, value) in zip(axes, panels):
+        for kind in sorted({x["kind"] for x in lines}):
+            pts = sorted((x["tokens_seen"] / 1e6, value(x)) for x in lines if x["kind"] == kind and value(x))
+            if pts:
+                ax.plot(*zip(*pts), marker="o", label=kind)
+        ax.set_title(name)
+        ax.set_xlabel("million tokens trained on")
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("tau at the full tree (tokens per verify forward)")
+    for ax in axes:
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend()
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main(argv=None) -> int:
+    args = parse(argv)
+    import draftkit as dk
+    from tqdm import tqdm
+
+    from draftkit.eval.cli import target_info
+    from draftkit.eval.cli_checks import UsageError
+    from draftkit.eval.report import machine_line
+    from draftkit.eval.tasks import build_tasks
+
+    try:  # found (a real target converted) and readable before any weights load
+        target_info(None if args.target == "default" else args.target)
+    except UsageError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    os.makedirs(args.out, exist_ok=True)
+    path, same = os.path.join(args.out, "tau_curve.jsonl"), settings(args)
+    done = done_lines(path, same)
+    todo = [s for s in args.specs if (s.kind, s.folder) not in done]
+    target, tokenizer = dk.load_target(None if args.target == "default" else args.target)
+    tasks = build_tasks(tokenizer, args.task_list, n=args.prompts)
+    n_prompts = sum(len(v) for v in tasks.values())
+    with tqdm(total=n_prompts * (len(todo) + 1), desc="tau curve", unit="prompt") as bar:
+        plain = {}
+        for task, prompts in tasks.items():
+            plain[task] = []
+            for p in prompts:
+                plain[task].append(dk.generate(target, p.ids, None, max_new_tokens=args.max_new_tokens).tokens.tolist())
+                bar.update(1)
+        for spec in todo:
+            line = {**measure(spec, target, tokenizer, tasks, plain, args.max_new_tokens, bar), "settings": same}
+            with open(path, "a") as fh:  # one line per finished draft: an interruption loses at most one
+                fh.write(json.dumps(line) + "\n")
+            done[(spec.kind, spec.folder)] = line
+    lines = [done[(s.kind, s.folder)] for s in args.specs]
+    machine = machine_line()
+    text = (f"tau at the full tree, greedy, {args.prompts} prompt(s) per task, {args.max_new_tokens} new tokens, "
+            f"target {args.target}; {machine}\n\n{table(lines)}\n")
+    with open(os.path.join(args.out, "tau_curve.txt"), "w") as fh:
+        fh.write(text)
+    plot(lines, os.path.join(args.out, "tau_curve.png"), f"{args.target}: tau against tokens trained; {machine}")
+    print(text)
+    bad = [x for x in lines if x["differs"]]
+    for x in bad:
+        print(f"error: {x['kind']} {x['folder']} differs from plain decoding on {', '.join(x['differs'])}",
+              file=sys.stderr)
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
