@@ -96,3 +96,21 @@ def test_shipping_records_the_tau_a_compare_run_measured(tmp_path):
     assert manifest["models"]["real/eagle3"]["path"] == "real/eagle3"
     with pytest.raises(ValueError, match="no rows of drafter 'medusa'"):
         compare_taus(str(run), "medusa")
+
+
+def test_shipping_a_shipped_folder_again_keeps_its_training_record(tmp_path):
+    """ship.py --source zoo/<name> (to record a new --compare): the zoo keeps no train_report.json, so the entry's
+    tokens and held-out metrics stay as they were rather than vanish; the new evaluation replaces the old."""
+    import json
+
+    src = tmp_path / "final"
+    src.mkdir()
+    (src / "config.json").write_text("{}")
+    (src / "train_report.json").write_text(json.dumps({"tokens_seen": 123, "heldout_top1": 0.5}))
+    zoo = tmp_path / "zoo"
+    ship("real/eagle", str(src), "r.yaml", "first", zoo=zoo, evaluation={"tau_by_task": {"a": 1.5}})
+    entry = ship("real/eagle", str(zoo / "real" / "eagle"), "r.yaml", "again", zoo=zoo,
+                 evaluation={"tau_by_task": {"a": 1.7}})
+    assert entry["tokens_seen"] == 123 and entry["heldout_top1"] == 0.5 and entry["command"] == "again"
+    assert entry["tau_by_task"] == {"a": 1.7} and list(entry["files"]) == ["config.json"]
+

@@ -49,13 +49,19 @@ def ship(name: str, source: str, recipe: str, command: str, zoo: Path | None = N
                 target = dst / file.relative_to(src)
                 target.parent.mkdir(parents=True, exist_ok=True)
                 shutil.copy2(file, target)
+    man_path = zoo / "manifest.json"
+    man = json.loads(man_path.read_text()) if man_path.exists() else {"models": {}}
     report_path = src / "train_report.json"
-    report = json.loads(report_path.read_text()) if report_path.exists() else {}
+    if report_path.exists():
+        report = json.loads(report_path.read_text())
+    elif src.resolve() == dst.resolve():  # re-recorded in place (a new --compare): the zoo keeps no report, so
+        report = {k: v for k, v in man["models"].get(name, {}).items()  # keep what the entry says of its training
+                  if k not in ("path", "command", "recipe", "files", *(evaluation or {}))}
+    else:
+        report = {}
     files = {str(f.relative_to(dst)): {"sha256": sha256(f), "bytes": f.stat().st_size}
              for f in sorted(dst.rglob("*")) if f.is_file()}
     entry = {"path": name, "command": command, "recipe": recipe, **report, **(evaluation or {}), "files": files}
-    man_path = zoo / "manifest.json"
-    man = json.loads(man_path.read_text()) if man_path.exists() else {"models": {}}
     man["models"][name] = entry
     man_path.write_text(json.dumps(man, indent=2, sort_keys=True) + "\n")
     return entry
