@@ -108,9 +108,9 @@ def test_ranks_read_disjoint_rows_of_each_global_batch(tiny):
 @pytest.mark.parametrize("mode", ["cpu", "gpu"])
 def test_real_target_build_commands_parse(tmp_path, mode):
     """recipes/smollm2/build.sh (dry run): prompts, data, EAGLE-3 (on a CPU: then continued on further conversations
-    and on two more corpora read as one), EAGLE-2 (on a CPU: continued alike), the standalone draft, Medusa-1,
-    DFlash, P-EAGLE (from the EAGLE-3 draft), the evaluation of all of them and one export each, loaded back and
-    checked; every command parsed by its script as the real run would, every path quoted."""
+    and on two, then three more corpora read as one), EAGLE-2 (on a CPU: continued alike), the standalone draft,
+    Medusa-1, DFlash, P-EAGLE (from the EAGLE-3 draft), the evaluation of all of them and one export each, loaded
+    back and checked; every command parsed by its script as the real run would, every path quoted."""
     out = tmp_path / "runs with spaces"
     env = {**os.environ, "DRY_RUN": "1", "OUT": str(out)}
     argv = ["bash", "recipes/smollm2/build.sh"] + (["--gpu"] if mode == "gpu" else [])
@@ -120,7 +120,7 @@ def test_real_target_build_commands_parse(tmp_path, mode):
     stages = ["chat_prompts"] + (["self_instruct"] if mode == "gpu" else []) + ["prepare_data", "eagle"] \
         + (["eagle", "chat_prompts", "eagle", "chat_prompts", "self_instruct", "eagle", "self_instruct", "eagle"]
            if cpu else []) \
-        + ["eagle"] + (["eagle", "eagle"] if cpu else []) + ["draft", "medusa", "dflash", "eagle", "compare"] \
+        + ["eagle"] + (["eagle", "eagle", "eagle"] if cpu else []) + ["draft", "medusa", "dflash", "eagle", "compare"] \
         + ["export"] * 6
     assert [Path(c[1]).stem for c in commands] == stages
     from draftkit.train.self_instruct import parse_args as self_instruct_args
@@ -149,7 +149,7 @@ def test_real_target_build_commands_parse(tmp_path, mode):
         assert (c.seq_len, c.messages_column, c.shard_rows, c.regen_max_new_tokens) == \
             (cfg.seq_len, "messages", cfg.shard_rows, cfg.regen_max_new_tokens)
         assert c.train_rows <= cfg.train_rows
-    eagle3s, eagle2s = (runs[:5], runs[5:8]) if cpu else (runs[:1], runs[1:2])  # each with its continuations
+    eagle3s, eagle2s = (runs[:5], runs[5:9]) if cpu else (runs[:1], runs[1:2])  # each with its continuations
     draft, medusa, dflash, peagle = runs[-4:]
     eagle3, eagle2 = eagle3s[-1], eagle2s[-1]
     assert eagle3.train_rows == eagle2.train_rows == cfg.train_rows  # what ships reads whole corpora
@@ -174,10 +174,10 @@ def test_real_target_build_commands_parse(tmp_path, mode):
         assert self_instruct.exclude == [str(out / "prompts.jsonl"), written[0], written[1]]
         assert self_instruct.target == "smollm2-135m"
         assert self_instruct_args(more[3][2:]).exclude == [str(out / "prompts.jsonl"), *written[:3]]
-        assert corpus_parts(eagle3s[-2].corpus, eagle3.train_rows) == corpus_parts(eagle2.corpus, eagle2.train_rows) \
-            == [(written[1], eagle3.train_rows), (written[2], 960)]  # EAGLE-2's last stage reads the two as one
-        assert corpus_parts(eagle3.corpus, eagle3.train_rows) == \
-            [(written[1], eagle3.train_rows), (written[2], 960), (written[3], 960)]  # EAGLE-3's, a third too
+        two, three = [(written[1], eagle3.train_rows), (written[2], 960)], [(written[3], 960)]
+        for runs_ in (eagle3s, eagle2s):  # each reads the two corpora as one, then a third too
+            assert corpus_parts(runs_[-2].corpus, eagle3.train_rows) == two
+            assert corpus_parts(runs_[-1].corpus, eagle3.train_rows) == two + three
         final = out / "eagle3-5" / "final"
     assert peagle.init_from == str(final)
     from draftkit.eval.cli import parse_args
@@ -205,7 +205,7 @@ def test_real_target_build_refuses_a_folder_with_a_comma(tmp_path):
 def test_tokens_seen_by_reads_a_runs_report_or_the_zoo_manifest(tmp_path):
     """A continued run counts from its starting model's total: a run folder's train_report.json, a shipped model's
     manifest entry (the zoo keeps no report), else 0."""
-    from draftkit.train.loop import tokens_seen_by
+    from draftkit.zoo import tokens_seen_by
     from draftkit.zoo import ZOO, manifest
 
     (tmp_path / "train_report.json").write_text(json.dumps({"tokens_seen": 1234, "steps": 2}))

@@ -16,8 +16,9 @@
 #             draft continued on the three corpora read as one (recipes/smollm2/eagle3_mix2.yaml): what ships
 #             (eagle3-2 to eagle3-5 not with --gpu, whose first stage reads 8,192 conversations)
 #   eagle2    EAGLE-2 in the reference layout (recipes/smollm2/eagle2.yaml) on the same stored data (its last layer)
-#   eagle2-2, eagle2-3  (not with --gpu) EAGLE-2 continued on the further conversations
-#             (recipes/smollm2/eagle2_more.yaml), then on the two corpora eagle3-4 reads (eagle2_mix.yaml): ships
+#   eagle2-2, eagle2-3, eagle2-4  (not with --gpu) EAGLE-2 continued on the further conversations
+#             (recipes/smollm2/eagle2_more.yaml), on the two corpora eagle3-4 reads (eagle2_mix.yaml), then on
+#             the three eagle3-5 reads (eagle2_mix2.yaml): what ships
 #   draft     a standalone 2-layer draft distilled from the target (recipes/smollm2/draft.yaml)
 #   medusa1   three Medusa-1 heads on the target's LM head (recipes/smollm2/medusa1.yaml)
 #   dflash    a DFlash block drafter over the stored layers (recipes/smollm2/dflash.yaml)
@@ -115,9 +116,12 @@ if [[ $GPU == 0 ]]; then  # EAGLE-2 continued on the further conversations too, 
   run_stage eagle2-2 "$OUT/eagle2-2/final/train_report.json" python train/eagle.py \
     --config recipes/smollm2/eagle2_more.yaml --corpus "$MORE_PROMPTS" --cache_dir "$OUT/cache" \
     --init_from "$OUT/eagle2/final" --output_dir "$OUT/eagle2-2"
-  EAGLE2=$OUT/eagle2-3/final
-  run_stage eagle2-3 "$EAGLE2/train_report.json" python train/eagle.py --config recipes/smollm2/eagle2_mix.yaml \
-    "${MIX[@]}" --init_from "$OUT/eagle2-2/final" --output_dir "$OUT/eagle2-3"
+  run_stage eagle2-3 "$OUT/eagle2-3/final/train_report.json" python train/eagle.py \
+    --config recipes/smollm2/eagle2_mix.yaml "${MIX[@]}" --init_from "$OUT/eagle2-2/final" --output_dir "$OUT/eagle2-3"
+  EAGLE2=$OUT/eagle2-4/final
+  run_stage eagle2-4 "$EAGLE2/train_report.json" python train/eagle.py --config recipes/smollm2/eagle2_mix2.yaml \
+    --corpus "$SEED2,$SELF:960,$SELF4:960" --cache_dir "$OUT/cache" --init_from "$OUT/eagle2-3/final" \
+    --output_dir "$OUT/eagle2-4"
 fi
 for stage in draft:draft medusa1:medusa dflash:dflash; do  # recipe:script
   kind=${stage%%:*} script=${stage#*:}
@@ -139,5 +143,5 @@ for kind in peagle dflash medusa1 draft; do
   run_stage "export-$kind" "$OUT/export-vllm-$kind/config.json" python train/export.py "$OUT/$kind/final" \
     --format vllm --out "$OUT/export-vllm-$kind" --target smollm2-135m --check
 done
-echo "ship them: python train/ship.py --name smollm2-135m/eagle --source $(printf '%q' "$EAGLE2") --recipe recipes/smollm2/eagle2$([[ $GPU == 1 ]] || echo _mix).yaml --command \"bash recipes/smollm2/build.sh\""
+echo "ship them: python train/ship.py --name smollm2-135m/eagle --source $(printf '%q' "$EAGLE2") --recipe recipes/smollm2/eagle2$([[ $GPU == 1 ]] || echo _mix2).yaml --command \"bash recipes/smollm2/build.sh\""
 echo "           python train/ship.py --name smollm2-135m/eagle3 --source $(printf '%q' "$FINAL") --recipe recipes/smollm2/eagle3$([[ $GPU == 1 ]] || echo _mix2).yaml --command \"bash recipes/smollm2/build.sh\""
