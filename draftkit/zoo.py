@@ -90,10 +90,6 @@ def table(zoo: Path | None = None) -> str:
     return "\n".join(lines)
 
 
-if __name__ == "__main__":
-    print(table())
-
-
 def shipped_for(family: str, zoo: Path | None = None) -> set[str]:
     """The kinds of draft the zoo ships for the named real target `family` (entries `<family>/<kind>`)."""
     return {k.split("/", 1)[1] for k in available(zoo) if k.startswith(family + "/")}
@@ -111,3 +107,7 @@ def tokens_seen_by(folder: str | os.PathLike) -> int:
     except (ValueError, ZooError):  # not under the zoo, or no zoo
         return 0
     return int(entry.get("tokens_seen") or 0)
+
+
+if __name__ == "__main__":
+    print(table())
