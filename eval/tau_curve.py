@@ -67,11 +67,16 @@ def parse(argv=None) -> argparse.Namespace:
                          "(default: %(default)s)")
     ap.add_argument("--prompts", type=int, default=2, help="prompts per task or chat category (default: %(default)s)")
     ap.add_argument("--max-new-tokens", type=int, default=96, help="tokens generated per prompt (default: %(default)s)")
+    ap.add_argument("--extrapolate", type=float, default=0.0, metavar="MILLIONS",
+                    help="draw each drafter's straight-line fit (least squares over its points, two or more) out to "
+                         "this many million tokens, and print its slope; 0: no fit (default: %(default)s)")
     ap.add_argument("--out", default="runs/measure/tau_curve",
                     help="folder for tau_curve.jsonl, tau_curve.txt and tau_curve.png (default: %(default)s)")
     args = ap.parse_args(argv)
     if not args.draft:
         ap.error("name at least one --draft KIND=FOLDER")
+    if args.extrapolate < 0:
+        ap.error(f"--extrapolate must be 0 or more million tokens, got {args.extrapolate}")
     if args.prompts < 1 or args.max_new_tokens < 1:
         ap.error(f"--prompts and --max-new-tokens must be at least 1, got {args.prompts} and {args.max_new_tokens}")
     try:
@@ -131,23 +136,58 @@ def table(lines: list[dict]) -> str:
     return "\n".join(rows)
 
 
-def plot(lines: list[dict], path: str, title: str) -> None:
-    """Two panels, chat set mean and HumanEval, tau against million tokens trained, one line per drafter."""
+PANELS = [("chat set (mean over categories)", lambda x: x["chat_mean"]),
+          ("HumanEval", lambda x: x["tau"].get("humaneval"))]
+
+
+def points(lines: list[dict], kind: str, value) -> list[tuple[float, float]]:
+    """(million tokens, tau) of one drafter's lines, in token order, where the panel has a value."""
+    return sorted((x["tokens_seen"] / 1e6, value(x)) for x in lines if x["kind"] == kind and value(x))
+
+
+def fit(pts: list[tuple[float, float]]) -> tuple[float, float] | None:
+    """(slope per million tokens, intercept) of the least-squares line through pts; None below two token counts."""
+    xs = [p[0] for p in pts]
+    if len(set(xs)) < 2:
+        return None
+    mx, my = sum(xs) / len(xs), sum(p[1] for p in pts) / len(pts)
+    slope = sum((x - mx) * (y - my) for x, y in pts) / sum((x - mx) ** 2 for x in xs)
+    return slope, my - slope * mx
+
+
+def slopes(lines: list[dict], to: float) -> str:
+    """One line per panel and drafter: its fitted slope and where the fit stands at `to` million tokens."""
+    out = []
+    for name, value in PANELS:
+        for kind in sorted({x["kind"] for x in lines}):
+            f = fit(points(lines, kind, value))
+            if f:
+                out.append(f"{name}, {kind}: {f[0]:+.3f} tau per million tokens; the fit at {to:g}M: "
+                           f"{f[0] * to + f[1]:.2f}")
+    return "\n".join(out)
+
+
+def plot(lines: list[dict], path: str, title: str, extrapolate: float = 0.0) -> None:
+    """Two panels, chat set mean and HumanEval, tau against million tokens trained, one line per drafter (and its
+    straight-line fit, dashed, out to `extrapolate` million tokens when that is past its last point)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    panels = [("chat set (mean over categories)", lambda x: x["chat_mean"]),
-              ("HumanEval", lambda x: x["tau"].get("humaneval"))]
     fig, axes = plt.subplots(1, 2, figsize=(10, 4), sharey=True)
-    for ax, (name, value) in zip(axes, panels):
+    for ax, (name, value) in zip(axes, PANELS):
         for kind in sorted({x["kind"] for x in lines}):
-            pts = sorted((x["tokens_seen"] / 1e6, value(x)) for x in lines if x["kind"] == kind and value(x))
-            if pts:
-                ax.plot(*zip(*pts), marker="o", label=kind)
+            pts = points(lines, kind, value)
+            if not pts:
+                continue
+            drawn = ax.plot(*zip(*pts), marker="o", label=kind)[0]
+            f = fit(pts) if extrapolate > pts[-1][0] else None
+            if f:
+                xs = [pts[-1][0], extrapolate]
+                ax.plot(xs, [f[0] * x + f[1] for x in xs], "--", color=drawn.get_color(), alpha=0.6)
         ax.set_title(name)
-        ax.set_xlabel("million tokens trained on")
+        ax.set_xlabel("million tokens trained on" + (" (dashed: straight-line fit)" if extrapolate else ""))
         ax.grid(alpha=0.3)
     axes[0].set_ylabel("tau at the full tree (tokens per verify forward)")
     for ax in axes:
@@ -178,28 +218,35 @@ def main(argv=None) -> int:
     path, same = os.path.join(args.out, "tau_curve.jsonl"), settings(args)
     done = done_lines(path, same)
     todo = [s for s in args.specs if (s.kind, s.folder) not in done]
-    target, tokenizer = dk.load_target(None if args.target == "default" else args.target)
-    tasks = build_tasks(tokenizer, args.task_list, n=args.prompts)
-    n_prompts = sum(len(v) for v in tasks.values())
-    with tqdm(total=n_prompts * (len(todo) + 1), desc="tau curve", unit="prompt") as bar:
-        plain = {}
-        for task, prompts in tasks.items():
-            plain[task] = []
-            for p in prompts:
-                plain[task].append(dk.generate(target, p.ids, None, max_new_tokens=args.max_new_tokens).tokens.tolist())
-                bar.update(1)
-        for spec in todo:
-            line = {**measure(spec, target, tokenizer, tasks, plain, args.max_new_tokens, bar), "settings": same}
-            with open(path, "a") as fh:  # one line per finished draft: an interruption loses at most one
-                fh.write(json.dumps(line) + "\n")
-            done[(spec.kind, spec.folder)] = line
-    lines = [done[(s.kind, s.folder)] for s in args.specs]
     machine = machine_line()
+    if todo:  # the target loads only when a draft is left to measure: a finished run redraws from its lines
+        target, tokenizer = dk.load_target(None if args.target == "default" else args.target)
+        tasks = build_tasks(tokenizer, args.task_list, n=args.prompts)
+        n_prompts = sum(len(v) for v in tasks.values())
+        with tqdm(total=n_prompts * (len(todo) + 1), desc="tau curve", unit="prompt") as bar:
+            plain = {}
+            for task, prompts in tasks.items():
+                plain[task] = []
+                for p in prompts:
+                    out = dk.generate(target, p.ids, None, max_new_tokens=args.max_new_tokens)
+                    plain[task].append(out.tokens.tolist())
+                    bar.update(1)
+            for spec in todo:
+                line = {**measure(spec, target, tokenizer, tasks, plain, args.max_new_tokens, bar), "settings": same,
+                        "machine": machine}
+                with open(path, "a") as fh:  # one line per finished draft: an interruption loses at most one
+                    fh.write(json.dumps(line) + "\n")
+                done[(spec.kind, spec.folder)] = line
+    lines = [done[(s.kind, s.folder)] for s in args.specs]
+    machines = sorted({x.get("machine", machine) for x in lines})
     text = (f"tau at the full tree, greedy, {args.prompts} prompt(s) per task, {args.max_new_tokens} new tokens, "
-            f"target {args.target}; {machine}\n\n{table(lines)}\n")
+            f"target {args.target}; {'; '.join(machines)}\n\n{table(lines)}\n")
+    if args.extrapolate:
+        text += "\n" + slopes(lines, args.extrapolate) + "\n"
     with open(os.path.join(args.out, "tau_curve.txt"), "w") as fh:
         fh.write(text)
-    plot(lines, os.path.join(args.out, "tau_curve.png"), f"{args.target}: tau against tokens trained; {machine}")
+    plot(lines, os.path.join(args.out, "tau_curve.png"),
+         f"{args.target}: tau against tokens trained; {'; '.join(machines)}", args.extrapolate)
     print(text)
     bad = [x for x in lines if x["differs"]]
     for x in bad:

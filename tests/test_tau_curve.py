@@ -33,6 +33,8 @@ def test_a_bad_draft_is_one_line_and_exit_2_before_anything_loads(draft, says, t
 def test_no_draft_and_a_missing_target_are_refused(tmp_path, capsys):
     assert run([], tmp_path) == 2
     assert "at least one --draft" in capsys.readouterr().err
+    assert run(["--draft", f"eagle={ZOO / 'eagle'}", "--extrapolate", "-1"], tmp_path) == 2
+    assert "--extrapolate must be 0 or more" in capsys.readouterr().err
     assert run(["--target", "nosuch.gguf", "--draft", f"eagle={ZOO / 'eagle'}"], tmp_path) == 2
     assert "nosuch.gguf" in capsys.readouterr().err.strip().splitlines()[-1]
 
@@ -69,8 +71,20 @@ def test_a_curve_on_the_shipped_family_is_measured_once_and_resumed(tmp_path, mo
     assert f"| eagle3 | {seen:.2f}M |" in (out / "tau_curve.txt").read_text()
 
     def measured_again(*a, **k):
-        raise AssertionError("a finished draft was measured again")
+        raise AssertionError("a finished draft was measured again (or its target loaded)")
+
+    import draftkit as dk
 
     monkeypatch.setattr(tau_curve, "measure", measured_again)
-    assert run(argv, tmp_path) == 0  # both lines reused: nothing measured
+    monkeypatch.setattr(dk, "load_target", measured_again)
+    assert run(argv + ["--extrapolate", "9"], tmp_path) == 0  # both lines reused: redrawn, nothing measured
     assert len((out / "tau_curve.jsonl").read_text().splitlines()) == 2
+    assert "the fit at 9M" not in (out / "tau_curve.txt").read_text()  # one point per drafter: no line to fit
+
+
+def test_the_fit_is_the_least_squares_line_and_needs_two_token_counts():
+    assert tau_curve.fit([(1.0, 1.5), (2.0, 1.7), (3.0, 1.9)]) == pytest.approx((0.2, 1.3))
+    assert tau_curve.fit([(1.0, 1.5), (1.0, 1.7)]) is None
+    lines = [{"kind": "eagle", "tokens_seen": t * 1e6, "chat_mean": 1.3 + 0.2 * t, "tau": {}} for t in (1, 2)]
+    assert tau_curve.slopes(lines, 10) == "chat set (mean over categories), eagle: +0.200 tau per million " \
+                                          "tokens; the fit at 10M: 3.30"
