@@ -123,14 +123,18 @@ class MedusaHeads(nn.Module):
                 p.weight.copy_(w.to(p.weight.dtype))
         return self
 
+    def shared_lm_head(self) -> nn.Module:
+        """The target's LM head these heads project with (share_lm_head)."""
+        if self._lm_head is None:
+            raise RuntimeError("MedusaHeads(share_lm_head=True) needs attach_lm_head(target.get_output_embeddings())")
+        return self._lm_head[0]
+
     def head_logits(self, k: int, h: torch.Tensor) -> torch.Tensor:
         x = self.blocks[k](h)
         if self.proj is not None:
             return self.proj[k](x)
-        lm = self._lm_head
-        if lm is None:
-            raise RuntimeError("MedusaHeads(share_lm_head=True) needs attach_lm_head(target.get_output_embeddings())")
-        return lm[0](x.to(lm[0].weight.dtype))
+        lm = self.shared_lm_head()
+        return lm(x.to(lm.weight.dtype))
 
     def forward(self, h: torch.Tensor, num_heads: int | None = None) -> torch.Tensor:
         """(n, ..., V) logits of the first n = num_heads (default: all) heads; a shallow tree runs fewer."""
@@ -139,11 +143,8 @@ class MedusaHeads(nn.Module):
             return torch.stack([self.head_logits(k, h) for k in range(n)])
         # One product with the shared LM head for all n heads: (n, ..., H) @ (H, V) reads the (V, H) weight once,
         # where n separate calls would read it n times (it is the largest matrix a small target has).
-        x = torch.stack([self.blocks[k](h) for k in range(n)])
-        lm = self._lm_head
-        if lm is None:
-            raise RuntimeError("MedusaHeads(share_lm_head=True) needs attach_lm_head(target.get_output_embeddings())")
-        return lm[0](x.to(lm[0].weight.dtype))
+        lm = self.shared_lm_head()
+        return lm(torch.stack([self.blocks[k](h) for k in range(n)]).to(lm.weight.dtype))
 
 
 # ----------------------------------------------------------------------------- drafter

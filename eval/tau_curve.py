@@ -102,25 +102,47 @@ def done_lines(path: str, same: dict) -> dict[tuple, dict]:
     return {(x["kind"], x["folder"]): x for x in lines if x["settings"] == same}
 
 
-def measure(spec: DraftSpec, target, tokenizer, tasks: dict, plain: dict, new_tokens: int, bar) -> dict:
+def method(name: str, target, drafter, new_tokens: int):
+    """eval/measure.py's Method for greedy decoding with `drafter` (None: plain) at its full tree."""
+    import draftkit as dk
+    from draftkit.eval.measure import Method
+
+    def run(ids):
+        out = dk.generate(target, ids, drafter, max_new_tokens=new_tokens, budget="fixed")
+        return out.tokens.tolist(), out.stats
+
+    return Method(name, run)
+
+
+def run_tasks(m, tasks: dict, bar) -> dict:
+    """{task: eval/measure.py Result} of one method over each task's prompts; a failure stops the curve."""
+    from draftkit.eval.measure import measure
+
+    results = {}
+    for task, prompts in tasks.items():
+        res = measure([m], [p.ids for p in prompts], 1, bar)[m.name]
+        if res.failed:
+            raise RuntimeError(f"{m.name} on {task}: {next(iter(res.failed.values()))}")
+        results[task] = res
+    return results
+
+
+def measure_draft(spec: DraftSpec, target, tokenizer, tasks: dict, plain: dict, new_tokens: int, bar) -> dict:
     """One draft's tau per task at its full tree, and the tasks where its output left plain decoding's."""
     import draftkit as dk
+    from draftkit.eval.measure import lossless_check
 
     drafter = dk.make_drafter(spec.kind, target, spec.folder, tokenizer=tokenizer)
-    tau, differs = {}, []
-    for task, prompts in tasks.items():
-        committed = steps = 0
-        for i, p in enumerate(prompts):
-            out = dk.generate(target, p.ids, drafter, max_new_tokens=new_tokens, budget="fixed")
-            if out.tokens.tolist() != plain[task][i]:
-                differs.append(task)
-            committed += sum(s.accepted + 1 for s in out.stats.decode_steps)
-            steps += len(out.stats.decode_steps)
-            bar.update(1)
-        tau[task] = committed / max(steps, 1)
+    results = run_tasks(method(spec.kind, target, drafter, new_tokens), tasks, bar)
+    tau = {task: res.stats.tau for task, res in results.items()}
+    differs = []
+    for task, res in results.items():
+        same, compared = lossless_check(res, plain[task], range(len(tasks[task])))
+        if same < compared:
+            differs.append(task)
     chat = [v for k, v in tau.items() if k.startswith("chat/")]
     return {"kind": spec.kind, "folder": spec.folder, "tokens_seen": spec.tokens, "tau": tau,
-            "chat_mean": sum(chat) / len(chat) if chat else None, "differs": sorted(set(differs))}
+            "chat_mean": sum(chat) / len(chat) if chat else None, "differs": differs}
 
 
 def table(lines: list[dict]) -> str:
@@ -224,16 +246,10 @@ def main(argv=None) -> int:
         tasks = build_tasks(tokenizer, args.task_list, n=args.prompts)
         n_prompts = sum(len(v) for v in tasks.values())
         with tqdm(total=n_prompts * (len(todo) + 1), desc="tau curve", unit="prompt") as bar:
-            plain = {}
-            for task, prompts in tasks.items():
-                plain[task] = []
-                for p in prompts:
-                    out = dk.generate(target, p.ids, None, max_new_tokens=args.max_new_tokens)
-                    plain[task].append(out.tokens.tolist())
-                    bar.update(1)
+            plain = run_tasks(method("plain", target, None, args.max_new_tokens), tasks, bar)
             for spec in todo:
-                line = {**measure(spec, target, tokenizer, tasks, plain, args.max_new_tokens, bar), "settings": same,
-                        "machine": machine}
+                line = {**measure_draft(spec, target, tokenizer, tasks, plain, args.max_new_tokens, bar),
+                        "settings": same, "machine": machine}
                 with open(path, "a") as fh:  # one line per finished draft: an interruption loses at most one
                     fh.write(json.dumps(line) + "\n")
                 done[(spec.kind, spec.folder)] = line

@@ -75,7 +75,7 @@ def test_a_curve_on_the_shipped_family_is_measured_once_and_resumed(tmp_path, mo
 
     import draftkit as dk
 
-    monkeypatch.setattr(tau_curve, "measure", measured_again)
+    monkeypatch.setattr(tau_curve, "measure_draft", measured_again)
     monkeypatch.setattr(dk, "load_target", measured_again)
     assert run(argv + ["--extrapolate", "9"], tmp_path) == 0  # both lines reused: redrawn, nothing measured
     assert len((out / "tau_curve.jsonl").read_text().splitlines()) == 2

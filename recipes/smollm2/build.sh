@@ -104,10 +104,10 @@ if [[ $GPU == 0 ]]; then  # on a GPU the first stage already reads 8,192 convers
   SELF4=$OUT/prompts_self4.jsonl  # more chat requests the target writes itself
   run_stage self-instruct-4 "$SELF4" python train/self_instruct.py --target smollm2-135m --out "$SELF4" --rows 1024 \
     --seed 4 --exclude "$PROMPTS" "$MORE_PROMPTS" "$SEED2" "$SELF"
+  MIX3=(--corpus "$SEED2,$SELF:960,$SELF4:960" --cache_dir "$OUT/cache")  # the three read as one
   FINAL=$OUT/eagle3-5/final
   run_stage eagle3-5 "$FINAL/train_report.json" python train/eagle.py --config recipes/smollm2/eagle3_mix2.yaml \
-    --corpus "$SEED2,$SELF:960,$SELF4:960" --cache_dir "$OUT/cache" --init_from "$OUT/eagle3-4/final" \
-    --output_dir "$OUT/eagle3-5"
+    "${MIX3[@]}" --init_from "$OUT/eagle3-4/final" --output_dir "$OUT/eagle3-5"
 fi
 run_stage eagle2 "$OUT/eagle2/final/train_report.json" python train/eagle.py --config recipes/smollm2/eagle2.yaml \
   "${DATA[@]}" --output_dir "$OUT/eagle2" "${TRAIN[@]}"
@@ -120,8 +120,7 @@ if [[ $GPU == 0 ]]; then  # EAGLE-2 continued on the further conversations too, 
     --config recipes/smollm2/eagle2_mix.yaml "${MIX[@]}" --init_from "$OUT/eagle2-2/final" --output_dir "$OUT/eagle2-3"
   EAGLE2=$OUT/eagle2-4/final
   run_stage eagle2-4 "$EAGLE2/train_report.json" python train/eagle.py --config recipes/smollm2/eagle2_mix2.yaml \
-    --corpus "$SEED2,$SELF:960,$SELF4:960" --cache_dir "$OUT/cache" --init_from "$OUT/eagle2-3/final" \
-    --output_dir "$OUT/eagle2-4"
+    "${MIX3[@]}" --init_from "$OUT/eagle2-3/final" --output_dir "$OUT/eagle2-4"
 fi
 for stage in draft:draft medusa1:medusa dflash:dflash; do  # recipe:script
   kind=${stage%%:*} script=${stage#*:}
