@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import sys
 from dataclasses import dataclass
 
@@ -169,12 +170,11 @@ def points(lines: list[dict], kind: str, value) -> list[tuple[float, float]]:
 
 def fit(pts: list[tuple[float, float]]) -> tuple[float, float] | None:
     """(slope per million tokens, intercept) of the least-squares line through pts; None below two token counts."""
-    xs = [p[0] for p in pts]
+    xs, ys = zip(*pts) if pts else ((), ())
     if len(set(xs)) < 2:
         return None
-    mx, my = sum(xs) / len(xs), sum(p[1] for p in pts) / len(pts)
-    slope = sum((x - mx) * (y - my) for x, y in pts) / sum((x - mx) ** 2 for x in xs)
-    return slope, my - slope * mx
+    line = statistics.linear_regression(xs, ys)
+    return line.slope, line.intercept
 
 
 def slopes(lines: list[dict], to: float) -> str:
