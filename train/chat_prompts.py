@@ -7,7 +7,8 @@ chat, code, documents, math. None of HumanEval or the evaluation chat set (eval/
 test checks that no training prompt shares an 8-word run with any evaluation prompt. Three sources:
 - code: functions and classes from the training split of the offline corpus (draftkit/corpus.py; its held-out
   files are never read), with requests to explain, test, review, document or rewrite them, or to write a function
-  from its docstring's first line;
+  from its docstring's first line; with `--complete SHARE`, that share of the rows show a function's signature and
+  docstring only and ask for its body (the shape of a HumanEval problem, none of its words or functions);
 - documents: module and class docstrings of the same files as passages to summarize, question, translate,
   simplify or mine for terms;
 - general: writing, role-play, reasoning, arithmetic word problems, science and humanities questions composed
@@ -35,6 +36,12 @@ CODE_ASKS = [
     "What is the time complexity of this code? Justify briefly.\n\n```python\n{code}\n```",
 ]
 WRITE_ASK = "Write a Python function `{name}({args})` that does the following: {doc}"
+COMPLETE_ASKS = [  # worded apart from eval/chat_tasks.py's HUMANEVAL_ASK (the 8-word-run test checks it)
+    "Implement the body of this Python function so that it does what its docstring says.\n\n```python\n{head}```",
+    "Finish writing this function and give the complete code in a Python code block.\n\n```python\n{head}```",
+    "Here is a signature with its docstring. Write the implementation.\n\n```python\n{head}```",
+    "Fill in the missing code of this function:\n\n```python\n{head}```",
+]
 DOC_ASKS = [
     "Summarize this passage in a few sentences.\n\n{text}",
     "Read the passage and list its three most important points.\n\n{text}",
@@ -124,6 +131,18 @@ def general(rng: random.Random, kind: str | None = None) -> tuple[str, str]:
 MAX_DRAWS_PER_ROW = 20  # draws per conversation asked for before the generator's space counts as used up
 
 
+def signature_and_docstring(code: str) -> str | None:
+    """The lines of a function's source up to the end of its docstring (newline-terminated), or None where the
+    snippet is not a function with a docstring and a body after it."""
+    try:
+        node = ast.parse(code).body[0]
+    except (SyntaxError, ValueError, IndexError):
+        return None
+    if not isinstance(node, ast.FunctionDef) or ast.get_docstring(node) is None or len(node.body) < 2:
+        return None
+    return "\n".join(code.splitlines()[:node.body[0].end_lineno]) + "\n"
+
+
 def one(rng: random.Random, i: int, code: list, docs: list) -> tuple[str, str]:
     """(kind, user text) of the i-th draw: about 45% code, 25% documents, 30% general."""
     r = rng.random()
@@ -139,11 +158,14 @@ def one(rng: random.Random, i: int, code: list, docs: list) -> tuple[str, str]:
 
 
 def build(rows: int, seed: int = 0, files: list[tuple[str, str]] | None = None,
-          exclude: frozenset[str] = frozenset()) -> list[dict]:
+          exclude: frozenset[str] = frozenset(), complete: float = 0.0) -> list[dict]:
     """`rows` conversations, no user text twice and none of `exclude` (the user texts of earlier prompt files):
     fewer where the generator's space runs out (MAX_DRAWS_PER_ROW draws per row asked for). A repeat would only
-    weigh one prompt more; the answers to it add little the draft has not seen."""
+    weigh one prompt more; the answers to it add little the draft has not seen. A `complete` share of the draws
+    asks for a function's body from its signature and docstring; those draws come from a random stream of their
+    own, so `complete=0` writes the same file as before the option existed."""
     rng = random.Random(seed)
+    rng_complete = random.Random(f"complete-{seed}")
     if files is None:
         from draftkit.corpus import build_local_corpus
         train = build_local_corpus().train  # the training split only: held-out files never become prompts
@@ -151,11 +173,15 @@ def build(rows: int, seed: int = 0, files: list[tuple[str, str]] | None = None,
     pool = snippets(files, rng)
     code = [s for s in pool if s[0] == "code"]
     docs = [s for s in pool if s[0] == "doc"]
+    heads = [h for h in (signature_and_docstring(s[3]) for s in code) if h] if complete else []
     out, seen = [], set(exclude)
     for i in range(MAX_DRAWS_PER_ROW * rows):
         if len(out) == rows:
             break
-        kind, text = one(rng, i, code, docs)
+        if heads and rng_complete.random() < complete:
+            kind, text = "code-complete", rng_complete.choice(COMPLETE_ASKS).format(head=rng_complete.choice(heads))
+        else:
+            kind, text = one(rng, i, code, docs)
         if text in seen:
             continue
         seen.add(text)
@@ -178,9 +204,14 @@ def main(argv=None) -> None:
     ap.add_argument("--seed", type=int, default=0, help="seed of the choices (default: 0)")
     ap.add_argument("--exclude", nargs="+", default=[], metavar="FILE",
                     help="prompts files whose conversations to leave out, for data beyond theirs (default: none)")
+    ap.add_argument("--complete", type=float, default=0.0, metavar="SHARE",
+                    help="share of the rows that show a function's signature and docstring and ask for its body\n"
+                         "(HumanEval's shape on the corpus's own functions; default: 0, the mix above only)")
     args = ap.parse_args(argv)
     if args.rows < 1:
         ap.error(f"--rows must be >= 1, got {args.rows}")
+    if not 0.0 <= args.complete <= 1.0:
+        ap.error(f"--complete must be a share between 0 and 1, got {args.complete}")
     if os.path.isdir(args.out):
         ap.error(f"--out {args.out} is a folder; give the JSONL file to write")
     for path in args.exclude:
@@ -192,7 +223,7 @@ def main(argv=None) -> None:
         exclude = frozenset().union(*(user_texts(p) for p in args.exclude))
     except (ValueError, KeyError, TypeError) as err:
         ap.error(f"--exclude: not a prompts file ({type(err).__name__}: {err})")
-    rows = build(args.rows, args.seed, exclude=exclude)
+    rows = build(args.rows, args.seed, exclude=exclude, complete=args.complete)
     if len(rows) < args.rows:
         print(f"the generator's space ran out: {len(rows)} distinct conversations of the {args.rows} asked for",
               file=sys.stderr)
