@@ -398,3 +398,43 @@ def test_training_time_test_matches_chain_decoding(target2):
     preds, res, feats = unroll_training_time_test(draft, target2, ids)
     assert len(preds) == 3 and {"acc_2", "token_loss_2"} <= set(res)
     assert_unrolled_steps_are_chain_decoding(draft, target2, ids, feats, preds, draft.body.config)
+
+
+@pytest.mark.parametrize("share", [0.0, 0.5, 1.0])
+def test_acceptance_loss_is_the_log_of_the_draws_pass_chance_mixed_with_cross_entropy(target2, share):
+    """acceptance_loss = lambda: the token loss is (1 - lambda) CE(p, q) - lambda log(sum_x min(p(x), q(x))), p the
+    target's next-token distribution, q the draft's, each computed here from the two models directly; the pass
+    chance is reported (overlap_0) whatever lambda, and the mixed loss carries a gradient to the draft."""
+    from types import SimpleNamespace
+
+    from draftkit.train.eagle import EagleLoss
+
+    torch.manual_seed(0)
+    draft = EagleDraftModel.from_target(target2, [])
+    cfg = SimpleNamespace(ttt_steps=1, ttt_decay=0.8, feature_loss_weight=0.0, token_loss_weight=1.0,
+                          feature_noise=0.0, acceptance_loss=share)
+    loss_fn = EagleLoss(draft, target2, cfg)
+    ids = torch.randint(0, 64, (2, 10))
+    with torch.no_grad():
+        hs = target2(input_ids=ids, output_hidden_states=True).hidden_states
+    feats = draft.select(hs)
+    res = loss_fn(ids, feats, hs[-1], noise=False)
+    head = target2.get_output_embeddings()
+    with torch.no_grad():
+        p = head(hs[-1][:, 1:]).softmax(-1)  # (2, 9, V): the target's next token after each pair
+        q = head(draft(feats[:, :-1], target2.get_input_embeddings()(ids[:, 1:]))).softmax(-1)
+    passes = torch.minimum(p, q).sum(-1)
+    ce = -(p * q.log()).sum(-1)
+    torch.testing.assert_close(res["overlap_0"], passes.mean(), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(res["token_loss_0"], ((1 - share) * ce - share * passes.log()).mean(),
+                               atol=1e-5, rtol=1e-5)
+    res["loss"].backward()
+    assert all(w.grad is not None and w.grad.abs().sum() > 0 for w in draft.parameters() if w.requires_grad)
+
+
+def test_acceptance_loss_out_of_range_is_refused(tiny_run, capsys):
+    from draftkit.train import eagle as train_eagle
+
+    with pytest.raises(SystemExit):
+        train_eagle.main(_argv(tiny_run, tiny_run / "x", 2, "--acceptance_loss", "1.5"))
+    assert "acceptance_loss must be a share in [0, 1], got 1.5" in capsys.readouterr().err

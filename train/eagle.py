@@ -10,9 +10,13 @@ Each step reads a batch of rows and the frozen target's hidden states from the o
 (train/targetdata.py: text the target regenerated, its features stored once and read every epoch, or
 computed online) and trains the draft on pairs (f_t, x_{t+1}) -> f_{t+1}:
   loss = sum_i ttt_decay^i * (feature_loss_weight * SmoothL1(f^, f) +
-                               token_loss_weight * CE(p_target, q_draft))
+                               token_loss_weight * token_loss(p_target, q_draft))
 over the trained positions (loss_mask), where step i > 0 of the training-time test feeds the draft its own
-predicted features (as at decoding time, along a chain) and step 0 the true, noised ones.
+predicted features (as at decoding time, along a chain) and step 0 the true, noised ones. token_loss is the
+cross-entropy, or with acceptance_loss = lambda > 0, (1 - lambda) CE - lambda log(sum_x min(p(x), q(x))): the
+sum is the chance a draw of q passes p (1 - total variation), the quantity speculative sampling runs on, which
+a small draft's cross-entropy optimum need not maximise (LK losses, arXiv 2602.23881); the CE share keeps the
+gradient alive where the two barely overlap.
 EAGLE-1/2: ttt_steps 1, losses 1.0 / 0.1. EAGLE-3: fused low/mid/high features,
 ttt_steps > 1, feature loss 0.
 
@@ -84,6 +88,10 @@ class EagleTrainConfig(TargetDataConfig):
     feature_noise: float = field(0.2, "width of the uniform noise U(-w/2, w/2) added to the input target features")
     feature_loss_weight: float = field(1.0, "SmoothL1 loss on the predicted features (EAGLE-3: 0)")
     token_loss_weight: float = field(0.1, "cross-entropy of the draft against the target's distribution")
+    acceptance_loss: float = field(0.0, "share lambda in [0, 1] of the token loss taken by -log(sum min(p, q)), the "
+                                        "log of the chance that a draw of the draft q passes the target p at "
+                                        "temperature 1 (LK losses, arXiv 2602.23881): (1 - lambda) CE + lambda "
+                                        "(-log acceptance); 0: cross-entropy only")
     parallel_depths: int = field(0, "P-EAGLE: > 0 trains the reference EAGLE-3 draft with parallel drafting over this "
                                     "many depths in one forward (train/peagle_loss.py; needs layout reference, three "
                                     "feature_layers and ttt_steps 1); 0: EAGLE's own loss")
@@ -116,6 +124,10 @@ class EagleTrainConfig(TargetDataConfig):
                              f"(EAGLE-3, P-EAGLE); got {self.draft_layers}")
         if self.parallel_depths < 0:
             raise TrainError(f"parallel_depths must be >= 0, got {self.parallel_depths}")
+        if not 0.0 <= self.acceptance_loss <= 1.0:
+            raise TrainError(f"acceptance_loss must be a share in [0, 1], got {self.acceptance_loss}")
+        if self.acceptance_loss and self.parallel_depths:
+            raise TrainError("acceptance_loss applies to EAGLE's own loss, not P-EAGLE's (parallel_depths > 0)")
 
 
 # --- the loss ---------------------------------------------------------------------------------------
@@ -139,6 +151,7 @@ class EagleLoss(nn.Module):
         self._frozen = (target.get_input_embeddings(), target.get_output_embeddings())
         self.ttt_steps, self.decay = cfg.ttt_steps, cfg.ttt_decay
         self.fw, self.tw, self.noise = cfg.feature_loss_weight, cfg.token_loss_weight, cfg.feature_noise
+        self.accept_share = getattr(cfg, "acceptance_loss", 0.0)
 
     def targets(self, last, mask, top, vocab_ids):
         """(p (B, n, V') over the draft vocabulary, p's top-1 (B, n), keep (B, n) float) at positions 1..T-1.
@@ -201,8 +214,13 @@ class EagleLoss(nn.Module):
                 logp = self.draft.draft_logits(h_on, head).float().log_softmax(-1)  # (k, V')
             else:
                 logp = head(h_on.to(head.weight.dtype)).float().log_softmax(-1)
-            ce = -(tgt_p[:, i:][on] * logp).sum(-1)  # (k,)
-            ce = (ce * w_i[on]).sum() / w_i.sum().clamp_min(1.0)
+            p_on = tgt_p[:, i:][on]  # (k, V')
+            per_row = -(p_on * logp).sum(-1)  # (k,) cross-entropy
+            with torch.set_grad_enabled(bool(self.accept_share) and torch.is_grad_enabled()):
+                overlap = torch.minimum(p_on, logp.exp()).sum(-1)  # (k,) the chance a draw of q passes p at T = 1
+            if self.accept_share:
+                per_row = (1 - self.accept_share) * per_row - self.accept_share * overlap.clamp_min(1e-6).log()
+            ce = (per_row * w_i[on]).sum() / w_i.sum().clamp_min(1.0)
             feat = F.smooth_l1_loss(hit.float(), last[:, 1 + i:].float(), reduction="none").mean(-1)
             feat = (feat * w_i).sum() / w_i.sum().clamp_min(1.0)
             w = self.decay ** i
@@ -210,6 +228,7 @@ class EagleLoss(nn.Module):
             with torch.no_grad():
                 top = logp.argmax(-1) if vocab_ids is None else vocab_ids[logp.argmax(-1)]
                 out[f"acc_{i}"] = ((top == tgt_top[:, i:][on]).float() * w_i[on]).sum() / w_i.sum().clamp_min(1.0)
+                out[f"overlap_{i}"] = (overlap.detach() * w_i[on]).sum() / w_i.sum().clamp_min(1.0)
             out[f"token_loss_{i}"], out[f"feature_loss_{i}"] = ce.detach(), feat.detach()
             x = pred  # the next unrolled step reads the draft's own features
         out["loss"] = total
@@ -363,6 +382,8 @@ def main(argv=None):
                 "heldout_top1_by_depth": [final[f"acc_{d}"] for d in range(1, cfg.parallel_depths + 1)
                                           if f"acc_{d}" in final] or None,
                 "heldout_top1_by_step": [final[f"acc_{i}"] for i in range(cfg.ttt_steps) if f"acc_{i}" in final],
+                # sum_x min(p, q) at the first draft step: the chance a draw passes at temperature 1
+                "heldout_overlap": final.get("overlap_0"), "acceptance_loss": cfg.acceptance_loss,
                 "heldout_token_loss": final.get("token_loss_0"), "heldout_feature_loss": final.get("feature_loss_0"),
                 **decode, **tree, "attention_window": model.draft.config.attention_window,
                 "params": n_params, "steps": cfg.max_steps, "resumed_from": result.start_step,
