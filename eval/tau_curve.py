@@ -68,6 +68,9 @@ def parse(argv=None) -> argparse.Namespace:
                          "(default: %(default)s)")
     ap.add_argument("--prompts", type=int, default=2, help="prompts per task or chat category (default: %(default)s)")
     ap.add_argument("--max-new-tokens", type=int, default=96, help="tokens generated per prompt (default: %(default)s)")
+    ap.add_argument("--temperature", type=float, default=0.0,
+                    help="0: greedy, every output checked against plain decoding; above 0: sampled at this "
+                         "temperature (seed 0 for every prompt; sampled output is not compared) (default: %(default)s)")
     ap.add_argument("--extrapolate", type=float, default=0.0, metavar="MILLIONS",
                     help="draw each drafter's straight-line fit (least squares over its points, two or more) out to "
                          "this many million tokens, and print its slope; 0: no fit (default: %(default)s)")
@@ -76,6 +79,8 @@ def parse(argv=None) -> argparse.Namespace:
     args = ap.parse_args(argv)
     if not args.draft:
         ap.error("name at least one --draft KIND=FOLDER")
+    if args.temperature < 0:
+        ap.error(f"--temperature must be 0 (greedy) or more, got {args.temperature}")
     if args.extrapolate < 0:
         ap.error(f"--extrapolate must be 0 or more million tokens, got {args.extrapolate}")
     if args.prompts < 1 or args.max_new_tokens < 1:
@@ -90,8 +95,9 @@ def parse(argv=None) -> argparse.Namespace:
 
 def settings(args) -> dict:
     """What makes two measurements comparable: a line measured under other settings is not reused."""
-    return {"target": args.target, "tasks": args.task_list, "prompts": args.prompts,
+    same = {"target": args.target, "tasks": args.task_list, "prompts": args.prompts,
             "max_new_tokens": args.max_new_tokens}
+    return {**same, "temperature": args.temperature} if args.temperature else same  # greedy lines stay as written
 
 
 def done_lines(path: str, same: dict) -> dict[tuple, dict]:
@@ -103,13 +109,17 @@ def done_lines(path: str, same: dict) -> dict[tuple, dict]:
     return {(x["kind"], x["folder"]): x for x in lines if x["settings"] == same}
 
 
-def method(name: str, target, drafter, new_tokens: int):
-    """eval/measure.py's Method for greedy decoding with `drafter` (None: plain) at its full tree."""
+def method(name: str, target, drafter, new_tokens: int, temperature: float = 0.0):
+    """eval/measure.py's Method for decoding with `drafter` (None: plain) at its full tree: greedy, or sampled at
+    `temperature` with seed 0 for every prompt."""
     import draftkit as dk
     from draftkit.eval.measure import Method
 
+    sampling = dk.Sampling(temperature=temperature) if temperature else None
+
     def run(ids):
-        out = dk.generate(target, ids, drafter, max_new_tokens=new_tokens, budget="fixed")
+        out = dk.generate(target, ids, drafter, max_new_tokens=new_tokens, budget="fixed", sampling=sampling,
+                          seed=0 if temperature else None)
         return out.tokens.tolist(), out.stats
 
     return Method(name, run)
@@ -128,16 +138,18 @@ def run_tasks(m, tasks: dict, bar) -> dict:
     return results
 
 
-def measure_draft(spec: DraftSpec, target, tokenizer, tasks: dict, plain: dict, new_tokens: int, bar) -> dict:
-    """One draft's tau per task at its full tree, and the tasks where its output left plain decoding's."""
+def measure_draft(spec: DraftSpec, target, tokenizer, tasks: dict, plain: dict | None, new_tokens: int, bar,
+                  temperature: float = 0.0) -> dict:
+    """One draft's tau per task at its full tree, and the tasks where its output left plain decoding's (greedy;
+    plain None: sampled, nothing compared)."""
     import draftkit as dk
     from draftkit.eval.measure import lossless_check
 
     drafter = dk.make_drafter(spec.kind, target, spec.folder, tokenizer=tokenizer)
-    results = run_tasks(method(spec.kind, target, drafter, new_tokens), tasks, bar)
+    results = run_tasks(method(spec.kind, target, drafter, new_tokens, temperature), tasks, bar)
     tau = {task: res.stats.tau for task, res in results.items()}
     differs = []
-    for task, res in results.items():
+    for task, res in (results.items() if plain is not None else ()):
         same, compared = lossless_check(res, plain[task], range(len(tasks[task])))
         if same < compared:
             differs.append(task)
@@ -153,7 +165,8 @@ def table(lines: list[dict]) -> str:
         chat = [v for k, v in x["tau"].items() if k.startswith("chat/")]
         span = f"{x['chat_mean']:.2f} ({min(chat):.2f}-{max(chat):.2f})" if chat else "-"
         he = x["tau"].get("humaneval")
-        same = "yes" if not x["differs"] else "differs on " + ", ".join(x["differs"])
+        same = "n/a (sampled)" if x["settings"].get("temperature") else \
+            "yes" if not x["differs"] else "differs on " + ", ".join(x["differs"])
         rows.append(f"| {x['kind']} | {x['tokens_seen'] / 1e6:.2f}M | {span} | "
                     f"{'-' if he is None else f'{he:.2f}'} | {same} | {x['folder']} |")
     return "\n".join(rows)
@@ -245,17 +258,20 @@ def main(argv=None) -> int:
         target, tokenizer = dk.load_target(None if args.target == "default" else args.target)
         tasks = build_tasks(tokenizer, args.task_list, n=args.prompts)
         n_prompts = sum(len(v) for v in tasks.values())
-        with tqdm(total=n_prompts * (len(todo) + 1), desc="tau curve", unit="prompt") as bar:
-            plain = run_tasks(method("plain", target, None, args.max_new_tokens), tasks, bar)
+        greedy = not args.temperature  # plain decoding runs only to check greedy outputs against
+        with tqdm(total=n_prompts * (len(todo) + greedy), desc="tau curve", unit="prompt") as bar:
+            plain = run_tasks(method("plain", target, None, args.max_new_tokens), tasks, bar) if greedy else None
             for spec in todo:
-                line = {**measure_draft(spec, target, tokenizer, tasks, plain, args.max_new_tokens, bar),
+                line = {**measure_draft(spec, target, tokenizer, tasks, plain, args.max_new_tokens, bar,
+                                        args.temperature),
                         "settings": same, "machine": machine}
                 with open(path, "a") as fh:  # one line per finished draft: an interruption loses at most one
                     fh.write(json.dumps(line) + "\n")
                 done[(spec.kind, spec.folder)] = line
     lines = [done[(s.kind, s.folder)] for s in args.specs]
     machines = sorted({x.get("machine", machine) for x in lines})
-    text = (f"tau at the full tree, greedy, {args.prompts} prompt(s) per task, {args.max_new_tokens} new tokens, "
+    mode = f"sampled at temperature {args.temperature:g} (seed 0)" if args.temperature else "greedy"
+    text = (f"tau at the full tree, {mode}, {args.prompts} prompt(s) per task, {args.max_new_tokens} new tokens, "
             f"target {args.target}; {'; '.join(machines)}\n\n{table(lines)}\n")
     if args.extrapolate:
         text += "\n" + slopes(lines, args.extrapolate) + "\n"

@@ -82,6 +82,28 @@ def test_a_curve_on_the_shipped_family_is_measured_once_and_resumed(tmp_path, mo
     assert "the fit at 9M" not in (out / "tau_curve.txt").read_text()  # one point per drafter: no line to fit
 
 
+def test_a_sampled_curve_is_measured_apart_and_not_compared(tmp_path, monkeypatch):
+    """--temperature: the draft samples at its full tree (seed 0), plain decoding does not run (nothing to compare
+    sampled output against), and greedy lines of the same folder are not reused for it, nor it for them."""
+    from draftkit.eval import measure
+
+    argv = ["--target", "default", "--tasks", "code", "--prompts", "1", "--max-new-tokens", "12",
+            "--draft", f"eagle={ZOO / 'eagle'}"]
+    names = []
+    real = measure.measure
+    monkeypatch.setattr(measure, "measure", lambda methods, *a, **k: names.extend(m.name for m in methods)
+                        or real(methods, *a, **k))
+    assert run(argv + ["--temperature", "0.7"], tmp_path) == 0
+    assert names == ["eagle"]
+    out = tmp_path / "out"
+    line, = [json.loads(x) for x in (out / "tau_curve.jsonl").read_text().splitlines()]
+    assert line["settings"]["temperature"] == 0.7 and line["differs"] == [] and line["tau"]["code"] >= 1.0
+    text = (out / "tau_curve.txt").read_text()
+    assert "sampled at temperature 0.7 (seed 0)" in text and "n/a (sampled)" in text
+    assert run(argv, tmp_path) == 0 and names == ["eagle", "plain", "eagle"]  # greedy: measured, checked
+    assert run(argv + ["--temperature", "-1"], tmp_path) == 2
+
+
 def test_the_fit_is_the_least_squares_line_and_needs_two_token_counts():
     assert tau_curve.fit([(1.0, 1.5), (2.0, 1.7), (3.0, 1.9)]) == pytest.approx((0.2, 1.3))
     assert tau_curve.fit([(1.0, 1.5), (1.0, 1.7)]) is None
