@@ -108,7 +108,8 @@ def test_ranks_read_disjoint_rows_of_each_global_batch(tiny):
 @pytest.mark.parametrize("mode", ["cpu", "gpu"])
 def test_real_target_build_commands_parse(tmp_path, mode):
     """recipes/smollm2/build.sh (dry run): prompts, data, EAGLE-3 (on a CPU: then continued on further conversations
-    and on two, then three more corpora read as one), EAGLE-2 (on a CPU: continued alike), the standalone draft,
+    and on two, then three more corpora read as one), EAGLE-2 (on a CPU: continued alike, then on two corpora more),
+    the standalone draft,
     Medusa-1, DFlash, P-EAGLE (from the EAGLE-3 draft), the evaluation of all of them and one export each, loaded
     back and checked; every command parsed by its script as the real run would, every path quoted."""
     out = tmp_path / "runs with spaces"
@@ -120,7 +121,8 @@ def test_real_target_build_commands_parse(tmp_path, mode):
     stages = ["chat_prompts"] + (["self_instruct"] if mode == "gpu" else []) + ["prepare_data", "eagle"] \
         + (["eagle", "chat_prompts", "eagle", "chat_prompts", "self_instruct", "eagle", "self_instruct", "eagle"]
            if cpu else []) \
-        + ["eagle"] + (["eagle", "eagle", "eagle"] if cpu else []) + ["draft", "medusa", "dflash", "eagle", "compare"] \
+        + ["eagle"] + (["eagle", "eagle", "eagle", "chat_prompts", "self_instruct", "eagle"] if cpu else []) \
+        + ["draft", "medusa", "dflash", "eagle", "compare"] \
         + ["export"] * 6
     assert [Path(c[1]).stem for c in commands] == stages
     from draftkit.train.self_instruct import parse_args as self_instruct_args
@@ -149,10 +151,10 @@ def test_real_target_build_commands_parse(tmp_path, mode):
         assert (c.seq_len, c.messages_column, c.shard_rows, c.regen_max_new_tokens) == \
             (cfg.seq_len, "messages", cfg.shard_rows, cfg.regen_max_new_tokens)
         assert c.train_rows <= cfg.train_rows
-    eagle3s, eagle2s = (runs[:5], runs[5:9]) if cpu else (runs[:1], runs[1:2])  # each with its continuations
+    eagle3s, eagle2s = (runs[:5], runs[5:10]) if cpu else (runs[:1], runs[1:2])  # each with its continuations
     draft, medusa, dflash, peagle = runs[-4:]
     eagle3, eagle2 = eagle3s[-1], eagle2s[-1]
-    assert eagle3.train_rows == eagle2.train_rows == cfg.train_rows  # what ships reads whole corpora
+    assert eagle3.train_rows == eagle2s[-2 if cpu else -1].train_rows == cfg.train_rows  # whole first corpora
     for train in eagle3s + [peagle]:  # EAGLE-3 (and its continuations) and P-EAGLE read (2, L//2, L-3) of 30
         assert train.layout == "reference" and train.feature_layers == "auto"
     assert all(e.layout == "reference" and list(e.feature_layers) == [] for e in eagle2s)
@@ -175,9 +177,14 @@ def test_real_target_build_commands_parse(tmp_path, mode):
         assert self_instruct.target == "smollm2-135m"
         assert self_instruct_args(more[3][2:]).exclude == [str(out / "prompts.jsonl"), *written[:3]]
         two, three = [(written[1], eagle3.train_rows), (written[2], 960)], [(written[3], 960)]
-        for runs_ in (eagle3s, eagle2s):  # each reads the two corpora as one, then a third too
+        for runs_ in (eagle3s, eagle2s[:-1]):  # each reads the two corpora as one, then a third too
             assert corpus_parts(runs_[-2].corpus, eagle3.train_rows) == two
             assert corpus_parts(runs_[-1].corpus, eagle3.train_rows) == two + three
+        # EAGLE-2 then continues on two corpora no stage before read: 384 more conversations, 960 more requests
+        seed3, self5 = more[4], self_instruct_args(more[5][2:])
+        assert seed3[seed3.index("--exclude") + 1:] == [str(out / "prompts.jsonl"), written[0], written[1]]
+        assert self5.exclude == [str(out / "prompts.jsonl"), written[0], written[1], written[4]]
+        assert corpus_parts(eagle2.corpus, eagle2.train_rows) == [(written[4], 384), (written[5], 960)]
         final = out / "eagle3-5" / "final"
     assert peagle.init_from == str(final)
     from draftkit.eval.cli import parse_args

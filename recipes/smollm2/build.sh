@@ -18,7 +18,10 @@
 #   eagle2    EAGLE-2 in the reference layout (recipes/smollm2/eagle2.yaml) on the same stored data (its last layer)
 #   eagle2-2, eagle2-3, eagle2-4  (not with --gpu) EAGLE-2 continued on the further conversations
 #             (recipes/smollm2/eagle2_more.yaml), on the two corpora eagle3-4 reads (eagle2_mix.yaml), then on
-#             the three eagle3-5 reads (eagle2_mix2.yaml): what ships
+#             the three eagle3-5 reads (eagle2_mix2.yaml)
+#   prompts-seed3, self-instruct-5, eagle2-5  (not with --gpu) 384 more word-list conversations and 960 more
+#             requests the target writes itself, answered and stored, EAGLE-2 continued on them
+#             (recipes/smollm2/eagle2_mix3.yaml): what ships
 #   draft     a standalone 2-layer draft distilled from the target (recipes/smollm2/draft.yaml)
 #   medusa1   three Medusa-1 heads on the target's LM head (recipes/smollm2/medusa1.yaml)
 #   dflash    a DFlash block drafter over the stored layers (recipes/smollm2/dflash.yaml)
@@ -118,9 +121,18 @@ if [[ $GPU == 0 ]]; then  # EAGLE-2 continued on the further conversations too, 
     --init_from "$OUT/eagle2/final" --output_dir "$OUT/eagle2-2"
   run_stage eagle2-3 "$OUT/eagle2-3/final/train_report.json" python train/eagle.py \
     --config recipes/smollm2/eagle2_mix.yaml "${MIX[@]}" --init_from "$OUT/eagle2-2/final" --output_dir "$OUT/eagle2-3"
-  EAGLE2=$OUT/eagle2-4/final
-  run_stage eagle2-4 "$EAGLE2/train_report.json" python train/eagle.py --config recipes/smollm2/eagle2_mix2.yaml \
-    "${MIX3[@]}" --init_from "$OUT/eagle2-3/final" --output_dir "$OUT/eagle2-4"
+  run_stage eagle2-4 "$OUT/eagle2-4/final/train_report.json" python train/eagle.py \
+    --config recipes/smollm2/eagle2_mix2.yaml "${MIX3[@]}" --init_from "$OUT/eagle2-3/final" --output_dir "$OUT/eagle2-4"
+  SEED3=$OUT/prompts_seed3.jsonl  # more word-list conversations (mostly code and documents)
+  run_stage prompts-seed3 "$SEED3" python train/chat_prompts.py --out "$SEED3" --rows "$ROWS" --seed 3 \
+    --exclude "$PROMPTS" "$MORE_PROMPTS" "$SEED2"
+  SELF5=$OUT/prompts_self5.jsonl
+  run_stage self-instruct-5 "$SELF5" python train/self_instruct.py --target smollm2-135m --out "$SELF5" --rows 1024 \
+    --seed 5 --exclude "$PROMPTS" "$MORE_PROMPTS" "$SEED2" "$SEED3"
+  MIX4=(--corpus "$SEED3,$SELF5:960" --cache_dir "$OUT/cache")  # two corpora no earlier stage read
+  EAGLE2=$OUT/eagle2-5/final
+  run_stage eagle2-5 "$EAGLE2/train_report.json" python train/eagle.py --config recipes/smollm2/eagle2_mix3.yaml \
+    "${MIX4[@]}" --init_from "$OUT/eagle2-4/final" --output_dir "$OUT/eagle2-5"
 fi
 for stage in draft:draft medusa1:medusa dflash:dflash; do  # recipe:script
   kind=${stage%%:*} script=${stage#*:}
@@ -142,5 +154,5 @@ for kind in peagle dflash medusa1 draft; do
   run_stage "export-$kind" "$OUT/export-vllm-$kind/config.json" python train/export.py "$OUT/$kind/final" \
     --format vllm --out "$OUT/export-vllm-$kind" --target smollm2-135m --check
 done
-echo "ship them: python train/ship.py --name smollm2-135m/eagle --source $(printf '%q' "$EAGLE2") --recipe recipes/smollm2/eagle2$([[ $GPU == 1 ]] || echo _mix2).yaml --command \"bash recipes/smollm2/build.sh\""
+echo "ship them: python train/ship.py --name smollm2-135m/eagle --source $(printf '%q' "$EAGLE2") --recipe recipes/smollm2/eagle2$([[ $GPU == 1 ]] || echo _mix3).yaml --command \"bash recipes/smollm2/build.sh\""
 echo "           python train/ship.py --name smollm2-135m/eagle3 --source $(printf '%q' "$FINAL") --recipe recipes/smollm2/eagle3$([[ $GPU == 1 ]] || echo _mix2).yaml --command \"bash recipes/smollm2/build.sh\""
