@@ -355,7 +355,8 @@ def unroll_training_time_test(draft, target, ids):
 
     from draftkit.train.eagle import EagleLoss
 
-    cfg = SimpleNamespace(ttt_steps=3, ttt_decay=0.8, feature_loss_weight=0.0, token_loss_weight=1.0, feature_noise=0.0)
+    cfg = SimpleNamespace(ttt_steps=3, ttt_decay=0.8, feature_loss_weight=0.0, token_loss_weight=1.0, feature_noise=0.0,
+                          acceptance_loss=0.0)
     loss_fn = EagleLoss(draft, target, cfg)
     with torch.no_grad():
         hs = target(input_ids=ids, output_hidden_states=True).hidden_states

@@ -151,7 +151,7 @@ class EagleLoss(nn.Module):
         self._frozen = (target.get_input_embeddings(), target.get_output_embeddings())
         self.ttt_steps, self.decay = cfg.ttt_steps, cfg.ttt_decay
         self.fw, self.tw, self.noise = cfg.feature_loss_weight, cfg.token_loss_weight, cfg.feature_noise
-        self.accept_share = getattr(cfg, "acceptance_loss", 0.0)
+        self.accept_share = cfg.acceptance_loss
 
     def targets(self, last, mask, top, vocab_ids):
         """(p (B, n, V') over the draft vocabulary, p's top-1 (B, n), keep (B, n) float) at positions 1..T-1.
