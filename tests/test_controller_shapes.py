@@ -71,13 +71,18 @@ def test_a_tree_whose_siblings_pass_stays_a_tree():
 def test_the_shape_is_chosen_by_what_each_realized_not_by_the_model():
     """Each step also pays time no step reports (four plain steps' worth): the model, blind to it, puts the chain
     (fewer tokens a step, so more steps) ahead; what the steps realized puts the tree ahead, and the tree drafts
-    most steps."""
-    policy = AutoBudget(None, Budget(4, 16), profile=flat(0.05), cache_profile=False)
-    given = shaped_steps(policy, 400, first_pass=0.7, tree_pass=0.8, per_node=0.05, overhead=0.04)[100:]
-    best, chain, gains, times = policy.plan(chain=True)
-    tree_best, _, tree_gains, tree_times = policy.plan(chain=False)
-    assert gains[best] / times[best] > tree_gains[tree_best] / tree_times[tree_best]  # the model: the chain
-    assert sum(b.max_nodes > b.max_depth for b in given) > 0.75 * len(given)  # the steps: the tree
+    most steps (the median of five simulated runs: one run's share moves with its luck, 0.51-0.84 of the steps in
+    these five; the model's choice, the chain, would leave the tree its exploring runs, about 0.15)."""
+    shares = []
+    for seed in range(5):
+        policy = AutoBudget(None, Budget(4, 16), profile=flat(0.05), cache_profile=False)
+        given = shaped_steps(policy, 400, first_pass=0.7, tree_pass=0.8, per_node=0.05, overhead=0.04, seed=seed)
+        given = given[100:]
+        best, chain, gains, times = policy.plan(chain=True)
+        tree_best, _, tree_gains, tree_times = policy.plan(chain=False)
+        assert gains[best] / times[best] > tree_gains[tree_best] / tree_times[tree_best]  # the model: the chain
+        shares.append(sum(b.max_nodes > b.max_depth for b in given) / len(given))
+    assert sorted(shares)[2] > 0.6, shares  # the steps: the tree
 
 
 def test_a_chain_drafter_has_one_shape():

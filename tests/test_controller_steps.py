@@ -248,3 +248,70 @@ def feed_priced(policy, steps, accepted, draft_s=0.0004):
         policy.observe(StepStats(drafted, b.max_depth, got, got + 1, draft_s if drafted else 0.0,
                                  0.01 * (1 + 0.2 * drafted), budget_depth=b.max_depth, budget_nodes=b.max_nodes,
                                  first_accepted=got), 100)
+
+
+def test_delivery_is_what_priced_steps_accepted_per_token_promised():
+    """`AcceptanceModel.delivery`: 1 with no evidence or when steps accept what was promised; steps that accept
+    nothing lower it within a few steps (the short memory) while the long memory has barely moved; a lucky run
+    after a steady history raises it only as far as the long memory moves; always within DELIVERY_RANGE; a new text
+    keeps at most DELIVERY_CARRY steps of the long memory."""
+    from draftkit.verify.estimates import DELIVERY_CARRY, DELIVERY_RANGE
+
+    m = AcceptanceModel(4)
+    assert m.delivery() == 1.0
+    for _ in range(60):
+        m.settle(2.0, 2.0)
+    assert m.delivery() == pytest.approx(1.0)
+    for _ in range(4):
+        m.settle(2.0, 0.0)
+    long, short = (d.ratio() for d in m.deliveries)
+    assert m.delivery() == short < 0.65 and long > 0.85
+    lucky = AcceptanceModel(4)
+    for _ in range(60):
+        lucky.settle(2.0, 2.0)
+    for _ in range(5):
+        lucky.settle(2.0, 6.0)
+    long, short = (d.ratio() for d in lucky.deliveries)
+    assert lucky.delivery() == long < short
+    for promised, delivered, bound in ((2.0, 0.0, DELIVERY_RANGE[0]), (1.0, 3.0, DELIVERY_RANGE[1])):
+        m = AcceptanceModel(4)
+        for _ in range(200):
+            m.settle(promised, delivered)
+        assert m.delivery() == bound
+    m.carry_over(4.0)
+    assert m.deliveries[0].steps == pytest.approx(DELIVERY_CARRY)
+
+
+def test_observed_reach_leaves_the_optimistic_prior_out():
+    """What a step settles against: the rates the observations alone give (a level never seen takes the level
+    above's; level 1, the prior): after ten failures at level 1, nothing, where `reach` still holds the prior's
+    share."""
+    assert AcceptanceModel(3).observed_reach() == pytest.approx([0.8, 0.64, 0.512])
+    m = AcceptanceModel(4)
+    for _ in range(10):
+        m.observe(depth=1, accepted=0)
+    assert m.observed_reach() == [0.0] * 4 and m.reach()[0] > 0.1
+
+
+@pytest.mark.parametrize("cap", [Budget(4, 4), Budget(4, 8), Budget(8, 8)])
+def test_a_silent_text_after_a_quoting_one_is_drafted_only_a_few_steps(cap):
+    """A drafter whose every level passed on one text (a quote) and nothing on the next: the new text starts from
+    a few observations of passing levels, and the levels below the first are never tried again, so their rates
+    still promise a deep draft. What the steps then deliver against that promise cuts the price within a few
+    steps: 11-16 drafted steps of 60 on the silent text, against 26-29 with the rates alone."""
+    policy = AutoBudget(None, cap, profile=flat(0.06), cache_profile=False)
+    drafted = []
+    for passing in (True, False):
+        policy.start(100)
+        drafted.append(0)
+        for _ in range(60):
+            b = policy.budget(100)
+            if not b.max_depth:
+                policy.observe(StepStats(0, 0, 0, 1, 0.0, 0.01), 100)
+                continue
+            got = b.max_depth if passing else 0
+            policy.observe(StepStats(b.max_nodes, b.max_depth, got, got + 1, 0.0002 * b.max_depth,
+                                     0.01 * (1 + 0.06 * b.max_nodes), budget_depth=b.max_depth,
+                                     budget_nodes=b.max_nodes, first_accepted=got), 100)
+            drafted[-1] += 1
+    assert drafted[0] >= 55 and drafted[1] <= 20, drafted

@@ -4,11 +4,13 @@ committed tokens per second on this machine, down to a plain step when drafting 
 Model of one step with draft depth D and node budget N(D) (the drafter's tree shape:
 N grows with D in the ratio of its cap, max_nodes / max_depth):
 
-    expected committed   E(D) = 1 + sum_{d=1..D} R_d,   R_d = r_1 * ... * r_d
+    expected committed   E(D) = 1 + delta * sum_{d=1..D} R_d,   R_d = r_1 * ... * r_d
     expected time        T(D) = t_plain * c(N(D)) + a + b * D         (T(0) = t_plain)
 
 r_d is the drafter's measured chance to pass depth d given it reached depth d - 1 (decayed
-counts, so the estimate follows the text); c(n) is the verify cost curve of the target on
+counts, so the estimate follows the text); delta is what the steps those rates priced delivered per accepted token
+they promised (`AcceptanceModel.delivery`: a text that stopped passing shows in it within a few steps, in the rates
+only after many); c(n) is the verify cost curve of the target on
 this machine (`CostProfile`, verify/cost_profile.py: measured once per machine + model + context bucket
 and saved);
 the drafting time a + b * D is fitted to the drafter's measured steps. The controller picks
@@ -143,6 +145,8 @@ class AutoBudget:
         self._lanes = 1  # the most sequences in one forward since start(): 1 for single-sequence decoding. In a
         # batch a lane's share of a plain step is no plain step's cost, and its last steps alone still attend over
         # every lane's entries: neither measures a plain step nor judges the profile
+        self._promise: tuple[bool, list[float]] | None = None  # a drafted budget's shape and its observed rates'
+        # reach when given: what the step's accepted tokens settle against (AcceptanceModel.delivery)
         self.choices: list[tuple[int, int]] = []  # (depth, nodes) given per step, for reports
         self.predicted: list[tuple[float, float]] = []  # (expected committed, expected seconds) per step
 
@@ -207,10 +211,11 @@ class AutoBudget:
 
     def tables(self, chain: bool = False) -> tuple[list[float], list[int], list[float]]:
         """Per depth 0..max of one shape: expected committed tokens, nodes, drafting seconds."""
-        reach = (self.chain_acceptance if chain else self.acceptance).reach()
+        model = self.chain_acceptance if chain else self.acceptance
+        reach, delivery = model.reach(), model.delivery()  # the rates' expectation, scaled by what it delivered
         depths = range(self.cap.max_depth + 1)
         cost = self.chain_cost if chain and self.chain_cost.sums[0] else self.draft_cost
-        return ([1.0 + sum(reach[:d]) for d in depths], [self.nodes(d, chain) if d else 0 for d in depths],
+        return ([1.0 + delivery * sum(reach[:d]) for d in depths], [self.nodes(d, chain) if d else 0 for d in depths],
                 [cost(d) for d in depths])
 
     def _bucket(self, nodes: int) -> int:
@@ -287,6 +292,7 @@ class AutoBudget:
         sequences of the batch (idle lanes wait up to `lanes` times longer between probes, so that a batch
         probes about as often as one sequence: at batch 8 the idle lanes' probes, each with its catch-up,
         cost DFlash 13% of plain batched decoding); chain: the tree drafter's chain shape, one node per level."""
+        self._promise = None
         if depth == 0:
             self._idle += 1
             if self._idle < min(self._probe_wait, PROBE_WAIT_MAX * lanes):  # a batch's wait ends with the batch
@@ -296,8 +302,10 @@ class AutoBudget:
             # deepest level cost a silent drafter up to 5% of plain decoding (16 nodes every 16 steps)
             self._idle, self._probe_wait = 0, min(self._probe_wait * 2, PROBE_WAIT_MAX * lanes)
             self._probing = True
+            self._promise = (False, self.acceptance.observed_reach())
             return self._give(Budget(1, min(self.nodes(1), PROBE_NODES)), gains[1], times[1])
         self._probe_wait = self.probe_every
+        self._promise = (chain, (self.chain_acceptance if chain else self.acceptance).observed_reach())
         floor = min(0.5, max(0.0, marginal_s) * rate)
         return self._give(Budget(depth, self.nodes(depth, chain), min_path_prob=floor), gains[depth], times[depth])
 
@@ -346,6 +354,10 @@ class AutoBudget:
             done[0] = done[0] * REALIZED_KEEP + step.committed
             done[1] = done[1] * REALIZED_KEEP + seconds
         cost = self.chain_cost if chain else self.draft_cost
+        if self._promise is not None and self._promise[0] == chain:  # the rates that priced it: what they expected
+            (self.chain_acceptance if chain else self.acceptance).settle(sum(self._promise[1][:step.depth]),
+                                                                         step.accepted)
+        self._promise = None
         if chain:
             self.chain_acceptance.observe(step.depth, step.accepted)
         else:
@@ -386,6 +398,6 @@ class AutoBudget:
         return {"mean_depth": statistics.mean(d for d, _ in steps), "mean_nodes": statistics.mean(n for _, n in steps),
                 "plain_share": sum(d == 0 for d, _ in steps) / len(steps),
                 "predicted_speedup": (committed / seconds) * plain if seconds and plain else None,
-                "pass_rates": self.acceptance.rates(), "verify_scale": self.scale,
+                "pass_rates": self.acceptance.rates(), "delivery": self.acceptance.delivery(), "verify_scale": self.scale,
                 "draft_s_by_depth": [self.draft_cost(d) for d in (1, 2, 4)],
                 "verify_curve": dict(zip(self.profile.sizes, self.profile.ratios)) if self.profile else None}
