@@ -398,6 +398,7 @@ class AutoBudget:
         return {"mean_depth": statistics.mean(d for d, _ in steps), "mean_nodes": statistics.mean(n for _, n in steps),
                 "plain_share": sum(d == 0 for d, _ in steps) / len(steps),
                 "predicted_speedup": (committed / seconds) * plain if seconds and plain else None,
-                "pass_rates": self.acceptance.rates(), "delivery": self.acceptance.delivery(), "verify_scale": self.scale,
+                "pass_rates": self.acceptance.rates(), "delivery": self.acceptance.delivery(),
+                "verify_scale": self.scale,
                 "draft_s_by_depth": [self.draft_cost(d) for d in (1, 2, 4)],
                 "verify_curve": dict(zip(self.profile.sizes, self.profile.ratios)) if self.profile else None}
