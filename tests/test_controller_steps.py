@@ -279,7 +279,7 @@ def test_delivery_is_what_priced_steps_accepted_per_token_promised():
             m.settle(promised, delivered)
         assert m.delivery() == bound
     m.carry_over(4.0)
-    assert m.deliveries[0].steps == pytest.approx(DELIVERY_CARRY)
+    assert m.deliveries[0].steps.value == pytest.approx(DELIVERY_CARRY)
 
 
 def test_observed_reach_leaves_the_optimistic_prior_out():

@@ -145,8 +145,9 @@ class AutoBudget:
         self._lanes = 1  # the most sequences in one forward since start(): 1 for single-sequence decoding. In a
         # batch a lane's share of a plain step is no plain step's cost, and its last steps alone still attend over
         # every lane's entries: neither measures a plain step nor judges the profile
-        self._promise: tuple[bool, list[float]] | None = None  # a drafted budget's shape and its observed rates'
-        # reach when given: what the step's accepted tokens settle against (AcceptanceModel.delivery)
+        self._priced: bool | None = None  # the shape (chain?) whose rates priced the drafted budget given, None when
+        # none was: the step's accepted tokens settle against those rates (AcceptanceModel.delivery), unchanged until
+        # the step is observed
         self.choices: list[tuple[int, int]] = []  # (depth, nodes) given per step, for reports
         self.predicted: list[tuple[float, float]] = []  # (expected committed, expected seconds) per step
 
@@ -292,7 +293,7 @@ class AutoBudget:
         sequences of the batch (idle lanes wait up to `lanes` times longer between probes, so that a batch
         probes about as often as one sequence: at batch 8 the idle lanes' probes, each with its catch-up,
         cost DFlash 13% of plain batched decoding); chain: the tree drafter's chain shape, one node per level."""
-        self._promise = None
+        self._priced = None
         if depth == 0:
             self._idle += 1
             if self._idle < min(self._probe_wait, PROBE_WAIT_MAX * lanes):  # a batch's wait ends with the batch
@@ -302,10 +303,10 @@ class AutoBudget:
             # deepest level cost a silent drafter up to 5% of plain decoding (16 nodes every 16 steps)
             self._idle, self._probe_wait = 0, min(self._probe_wait * 2, PROBE_WAIT_MAX * lanes)
             self._probing = True
-            self._promise = (False, self.acceptance.observed_reach())
+            self._priced = False
             return self._give(Budget(1, min(self.nodes(1), PROBE_NODES)), gains[1], times[1])
         self._probe_wait = self.probe_every
-        self._promise = (chain, (self.chain_acceptance if chain else self.acceptance).observed_reach())
+        self._priced = chain
         floor = min(0.5, max(0.0, marginal_s) * rate)
         return self._give(Budget(depth, self.nodes(depth, chain), min_path_prob=floor), gains[depth], times[depth])
 
@@ -354,10 +355,10 @@ class AutoBudget:
             done[0] = done[0] * REALIZED_KEEP + step.committed
             done[1] = done[1] * REALIZED_KEEP + seconds
         cost = self.chain_cost if chain else self.draft_cost
-        if self._promise is not None and self._promise[0] == chain:  # the rates that priced it: what they expected
-            (self.chain_acceptance if chain else self.acceptance).settle(sum(self._promise[1][:step.depth]),
-                                                                         step.accepted)
-        self._promise = None
+        if self._priced == chain:  # the rates that priced it (not yet told of this step): what they expected
+            model = self.chain_acceptance if chain else self.acceptance
+            model.settle(sum(model.observed_reach()[:step.depth]), step.accepted)
+        self._priced = None
         if chain:
             self.chain_acceptance.observe(step.depth, step.accepted)
         else:

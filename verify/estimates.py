@@ -4,6 +4,8 @@ and the rule that carries evidence into a new sequence (`carried`); and the seed
 cost, which the reports print beside them (`seeds_speedup`, `seeds_best_k`)."""
 from __future__ import annotations
 
+import itertools
+import operator
 from dataclasses import dataclass, field
 
 
@@ -47,24 +49,30 @@ class _Decayed:
 
 @dataclass
 class _Delivery:
-    """Accepted tokens that priced steps delivered against those their rates promised, decayed with `keep`."""
+    """Accepted tokens that priced steps delivered against those their rates promised, and the steps, each a count
+    decayed with `keep`."""
 
     keep: float
-    promised: float = 0.0
-    delivered: float = 0.0
-    steps: float = 0.0
+    promised: _Decayed = field(default_factory=_Decayed)
+    delivered: _Decayed = field(default_factory=_Decayed)
+    steps: _Decayed = field(default_factory=_Decayed)
 
     def add(self, promised: float, delivered: float) -> None:
-        k = self.keep
-        self.promised, self.delivered, self.steps = k * self.promised + promised, k * self.delivered + delivered, \
-            k * self.steps + 1.0
+        for count, x in ((self.promised, promised), (self.delivered, delivered), (self.steps, 1.0)):
+            count.add(x, self.keep)
 
     def ratio(self) -> float:
-        return (self.delivered + DELIVERY_PRIOR) / (self.promised + DELIVERY_PRIOR)
+        return (self.delivered.value + DELIVERY_PRIOR) / (self.promised.value + DELIVERY_PRIOR)
 
     def carry_over(self, most: float) -> None:
-        share = min(1.0, most / self.steps) if self.steps else 1.0
-        self.promised, self.delivered, self.steps = share * self.promised, share * self.delivered, share * self.steps
+        share = min(1.0, most / self.steps.value) if self.steps.value else 1.0
+        for count in (self.promised, self.delivered, self.steps):
+            count.value *= share
+
+
+def _reach(rates) -> list[float]:
+    """R_d = r_1 * ... * r_d for d = 1..len(rates)."""
+    return list(itertools.accumulate(rates, operator.mul))
 
 
 @dataclass
@@ -122,13 +130,12 @@ class AcceptanceModel:
         prior's optimism, which is meant (a new drafter, a new text: draft first, learn quickly). Settled against
         the prior's rates too, the ratio counted that optimism once more after the rates had dropped it, and held
         a drafter of steady pass rates below its best depth (simulated: 1.3% slower at a pass rate of 0.45)."""
-        out, reach, rate = [], 1.0, self.prior_rate
+        rates, rate = [], self.prior_rate
         for p, r in zip(self.passed, self.reached):
             if r.value >= 0.5:
                 rate = p.value / r.value
-            reach *= rate
-            out.append(reach)
-        return out
+            rates.append(rate)
+        return _reach(rates)
 
     def settle(self, promised: float, delivered: float) -> None:
         """A step these rates priced: `promised` accepted tokens were expected at the depth it drafted (the sum of
@@ -155,11 +162,7 @@ class AcceptanceModel:
 
     def reach(self) -> list[float]:
         """R_d for d = 1..max_depth: the chance the accepted path reaches depth d."""
-        out, acc = [], 1.0
-        for r in self.rates():
-            acc *= r
-            out.append(acc)
-        return out
+        return _reach(self.rates())
 
 
 @dataclass
