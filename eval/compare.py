@@ -38,7 +38,7 @@ def build_methods(args, target, tokenizer, on_error=None):
     from draftkit.verify.contract import DraftMismatch
     from draftkit.eval.footprint import footprint, param_count
     from draftkit.eval.measure import Method
-    from draftkit.eval.peers import hf_assisted, hf_grammar, hf_prompt_lookup
+    from draftkit.eval.peers import hf_assisted, hf_grammar, hf_plain, hf_prompt_lookup
 
     n, eos = args.max_new_tokens, None
     sampling = dk.Sampling(temperature=args.temperature, top_p=args.top_p)
@@ -108,6 +108,9 @@ def build_methods(args, target, tokenizer, on_error=None):
         if name == "lookahead":
             peers.append(Method("hf prompt lookup", hf_prompt_lookup(target, 10, n, eos), "peer",
                                 about="transformers prompt_lookup_num_tokens=10"))
+    if peers:  # transformers' own plain decoding beside its drafting paths: the peers' ratios are over draftkit's
+        # plain decoding, whose forward takes the layouts measured faster on this machine (verify/linear_layout.py)
+        peers.insert(0, Method("hf generate", hf_plain(target, n, eos), "peer", about="transformers generate, greedy"))
     if args.grammars and not args.no_peers and args.temperature == 0:
         peers.append(Method("hf generate+grammar", hf_grammar(target, tokenizer, n, eos), "peer",
                             about="transformers generate with xgrammar's logits processor (the task's grammar)"))

@@ -32,7 +32,7 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 from draftkit.files import cache_root, write_text_atomically
-from draftkit.verify.head import head_layout_key
+from draftkit.verify.linear_layout import layout_key
 
 PROFILE_SIZES = (1, 2, 4, 8, 16, 32, 64)
 PROFILE_TTL_S = 24 * 3600
@@ -214,7 +214,7 @@ class CostProfile:
 
     @staticmethod
     def _key(model, bucket: int, forward: str, sizes) -> str:
-        return f"{machine_key(model.device)}|{model_key(model)}|ctx{bucket}{head_layout_key(model)}" + \
+        return f"{machine_key(model.device)}|{model_key(model)}|ctx{bucket}{layout_key(model)}" + \
             ("|padded" if forward == "eager" else f"|{forward}|n{max(sizes)}")
 
 

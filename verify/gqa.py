@@ -12,7 +12,7 @@ numbers to the last bit (verify/cost_profile.py's curve shows the step).
 transformers reads `TRANSFORMERS_SDPA_FORCE_GQA` on every attention call; `grouped_attention` sets it for the
 duration of one forward on the CPU only, and puts back what was there; `cpu_kernels` is what every eager forward
 enters (a verify forward, verify/forward.py, and a draft model's, verify/tree.py `run_model`: an EAGLE layer of
-SmolLM2's shape has its grouped heads), this and the LM head's layout together.
+SmolLM2's shape has its grouped heads), this and the Linears' layout together.
 """
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from contextlib import contextmanager
 
 import torch
 
-from draftkit.verify.head import rows_first_head
+from draftkit.verify.linear_layout import rows_first
 
 FLAG = "TRANSFORMERS_SDPA_FORCE_GQA"
 _TORCH_GROUPS = tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2]) >= (2, 5)  # enable_gqa
@@ -37,8 +37,8 @@ def groups_on_cpu(model) -> bool:
 @contextmanager
 def cpu_kernels(model):
     """For one eager forward of `model` (the verifier's, a draft model's): the layouts measured or known faster on
-    a CPU, the LM head by rows (verify/head.py) and grouped attention under a mask; nothing off the CPU."""
-    with rows_first_head(model), grouped_attention(model):
+    a CPU, the Linears by rows (verify/linear_layout.py) and grouped attention under a mask; nothing off the CPU."""
+    with rows_first(model), grouped_attention(model):
         yield
 
 
