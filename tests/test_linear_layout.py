@@ -35,7 +35,7 @@ def test_the_rows_first_layout_is_the_same_product(bias, shape):
 def test_inside_the_context_only_the_measured_row_counts_take_it(monkeypatch, tmp_path):
     monkeypatch.setenv("DRAFTKIT_CACHE", str(tmp_path))
     monkeypatch.setattr(layout, "MIN_GROUP_BYTES", 0)
-    monkeypatch.setattr(layout, "_measure", lambda linears: [1, 4])  # rows 1 and 4-7, not 2-3 or 8 and up
+    monkeypatch.setattr(layout, "_measure", lambda linears: [1, 4, 64])  # rows 1, 4-7 and 64, not 2-3 or 8-63
     model = tiny_model("llama", vocab=64, hidden=32)
     head = model.get_output_embeddings()
     rows = []
@@ -45,9 +45,9 @@ def test_inside_the_context_only_the_measured_row_counts_take_it(monkeypatch, tm
     with layout.rows_first(model):
         with layout.rows_first(model):  # nested: the outer layout stays
             pass
-        for q in (1, 2, 3, 4, 7, 8):
+        for q in (1, 2, 3, 4, 7, 8, 65, 300):
             assert head(torch.randn(1, q, 32)).shape == (1, q, 64)
-    assert rows == [1, 4, 7]
+    assert rows == [1, 4, 7]  # and a prompt's forward past the last bucket (65, 300 rows) takes the Linear's own
     linears = [m for m in model.modules() if type(m) is torch.nn.Linear]
     assert not any("forward" in m.__dict__ for m in linears)  # the model's own forwards again after the context
 
@@ -115,3 +115,14 @@ def test_decoding_through_the_rows_first_layout_is_lossless(rows_first_everywher
                       budget="fixed")
     assert out.tokens.tolist() == plain
     assert sum(s.accepted for s in out.stats.steps) > 0  # trees of several rows were verified through it
+
+
+def test_the_tree_probe_compares_masks_not_layouts(rows_first_everywhere, monkeypatch):
+    """A layout whose rounding moves log-probs further than the probe's tolerance (here: every rows-first product
+    shifted by 0.05) must not mark a model's tree attention broken: both routes of the probe take the same kernels."""
+    from draftkit.verify.tree_probe import probe_tree_attention
+
+    real = layout.rows_first_product
+    monkeypatch.setattr(layout, "rows_first_product", lambda w, b, x: real(w, b, x) + 0.05)
+    model = tiny_model("llama", vocab=64, hidden=32, layers=2, seed=5)
+    assert probe_tree_attention(model)

@@ -10,6 +10,7 @@ import torch
 from draftkit.verify.attention_layout import AttentionLayout
 from draftkit.verify.cache import KVBuffer
 from draftkit.verify.contract import DraftTree
+from draftkit.verify.gqa import cpu_kernels
 from draftkit.verify.tree import MaskBuffer, run_model, verify_block, verify_offsets
 
 
@@ -65,8 +66,11 @@ def probe_tree_attention(model) -> bool:
             kv = KVBuffer.for_model(model, capacity=m + 6)
             out = run_model(model, kv, MaskBuffer(model.dtype, dev), verify_block(tree, m), verify_offsets(tree, m),
                             input_ids=torch.cat([prefix, tree.tokens])[None]).logits[0]
-            # branch 2: prefix + node 1 + node 2 on its own, with the model's own causal mask
-            ref = model(input_ids=torch.cat([prefix, tree.tokens[1:]])[None]).logits[0, -3:]
+            # branch 2: prefix + node 1 + node 2 on its own, with the model's own causal mask, through the same
+            # CPU kernels as the tree (verify/gqa.py): the probe compares masks, not Linear layouts (SmolLM2's
+            # log-probs moved by 1.6e-3 between its own layout and the rows-first one at a 2-token prefix)
+            with cpu_kernels(model):
+                ref = model(input_ids=torch.cat([prefix, tree.tokens[1:]])[None]).logits[0, -3:]
             ok = tree_logits_agree(out[[m - 1, m + 1, m + 2]], ref, model.dtype)
         except Exception as err:  # noqa: BLE001 -- sorted by rejects_inputs; the rest is raised again
             if not rejects_inputs(err):
