@@ -126,3 +126,11 @@ def test_the_tree_probe_compares_masks_not_layouts(rows_first_everywhere, monkey
     monkeypatch.setattr(layout, "rows_first_product", lambda w, b, x: real(w, b, x) + 0.05)
     model = tiny_model("llama", vocab=64, hidden=32, layers=2, seed=5)
     assert probe_tree_attention(model)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_real_measurement_names_buckets_it_timed(dtype):
+    """The timing itself (no stand-in): both layouts run at every bucket, and the answer is a sorted subset."""
+    group = [torch.nn.Linear(128, 256, bias=True).to(dtype) for _ in range(2)]
+    buckets = layout._measure(group)
+    assert buckets == sorted(set(buckets)) and set(buckets) <= set(layout.ROW_BUCKETS)

@@ -5,8 +5,8 @@ builds run these shapes far below what the memory allows. MKL on an AMD EPYC (2 
 layers with their weights streamed from memory as a forward reads them): one row x^T through `F.linear` took
 34.9 ms, two rows 49 ms, while the same sums laid out as W (O, I) @ x^T (I, q) took 15.3 ms for two rows, and one
 row multiplied as two (itself twice) 14.5 ms: the one-row product runs on one core at a slow kernel's speed. A
-plain SmolLM2 step went from 60 to 33 ms through the rows-first layout, a verify forward of 2-8 nodes from 90-116
-to 42-79 ms (verify/cost_profile.py's curve shows both).
+plain SmolLM2 step went from 60 to 35 ms through the rows-first layout, a verify forward of 1-8 nodes from 83-116
+to 35-82 ms (verify/cost_profile.py's curve shows both; docs/real-models.md has the table).
 
 Which layout wins depends on the BLAS, the CPU, the dtype and the shape, so each group of a model's Linears
 (same shape, dtype, bias) is timed both ways once per machine and thread count (saved beside the cost profiles for
