@@ -9,7 +9,7 @@
 
 With no model flags it runs on the shipped default models (zoo/). Plain decoding is
 always measured as the baseline, interleaved with every method, and transformers'
-own `generate` paths (assisted generation, prompt lookup) run as peer rows.
+own `generate` paths (plain greedy, assisted generation, prompt lookup) run as peer rows.
 Everything goes into a results folder (printed; --out to choose): rows.jsonl, written
 row by row as the run goes, then compare.json, compare.txt and the plots.
 Bad input is one line on stderr and exit code 2, before any model loads; a prompt or
