@@ -35,7 +35,6 @@ CLEAR_WIN = 0.85  # the rows-first layout must take at most this share of the Li
 MIN_REPS, MAX_REPS, MIN_SECONDS = 3, 200, 0.05  # timed passes per layout and bucket (see _measure)
 STREAM_BYTES = 64 << 20  # weights per timed pass: past a CPU's caches, as a forward's layers stream them
 MIN_GROUP_BYTES = 1 << 20  # a group of less weight than this runs its own forward: microseconds either way
-TABLE_TTL_S = 24 * 3600  # as the cost profiles: measured again a day later
 # per model: its plan by (threads, dtype, device); weak, so a plan neither outlives its model nor is copied with it
 _PLANS: "weakref.WeakKeyDictionary[torch.nn.Module, dict]" = weakref.WeakKeyDictionary()
 
@@ -118,12 +117,13 @@ def _table_file(key: tuple, streamed: int):
 def rows_first_buckets(linears: list[torch.nn.Linear]) -> list[int]:
     """The row buckets a group of Linears runs rows-first at: measured once (saved for a day), then read."""
     from draftkit.files import write_text_atomically
+    from draftkit.verify.cost_profile import PROFILE_TTL_S  # measured again when the cost profiles are
 
     key = _group_key(linears[0])
     file = _table_file(key, len(_streamed(linears)))
     try:
         saved = json.loads(file.read_text())
-        if time.time() - saved["measured_at"] < TABLE_TTL_S:
+        if time.time() - saved["measured_at"] < PROFILE_TTL_S:
             return list(saved["rows_first"])
     except (OSError, ValueError, KeyError, TypeError):
         pass  # absent or damaged: measure
@@ -139,10 +139,15 @@ def rows_first_buckets(linears: list[torch.nn.Linear]) -> list[int]:
     return buckets
 
 
-def _forward_for(linear: torch.nn.Linear, buckets: frozenset[int]):
-    """linear's forward that takes the rows-first layout at the row counts of `buckets`."""
-    top = ROW_BUCKETS[-1]
-    take = [False] + [max(b for b in ROW_BUCKETS if b <= rows) in buckets for rows in range(1, top + 1)]
+def _taken_rows(buckets: frozenset[int]) -> tuple[bool, ...]:
+    """For each row count 0..ROW_BUCKETS[-1], whether it takes the rows-first layout (its bucket is in `buckets`)."""
+    return (False,) + tuple(max(b for b in ROW_BUCKETS if b <= rows) in buckets
+                            for rows in range(1, ROW_BUCKETS[-1] + 1))
+
+
+def _forward_for(linear: torch.nn.Linear, take: tuple[bool, ...]):
+    """linear's forward that takes the rows-first layout at the row counts `take` marks (_taken_rows)."""
+    top = len(take) - 1
 
     def forward(x: torch.Tensor) -> torch.Tensor:
         rows = x.numel() // x.shape[-1]
@@ -166,7 +171,8 @@ def _plan(model) -> tuple[list, str]:
         for key, linears in linear_groups(model).items():
             buckets = frozenset(rows_first_buckets(linears))
             if buckets:
-                swaps += [(m, _forward_for(m, buckets)) for m in linears]
+                take = _taken_rows(buckets)  # one table for the group
+                swaps += [(m, _forward_for(m, take)) for m in linears]
                 table.append(f"{key}:{sorted(buckets)}")
         digest = hashlib.sha256("|".join(sorted(table)).encode()).hexdigest()[:10] if table else ""
         known[setting] = (swaps, f"|rows-first-{digest}" if digest else "")
