@@ -139,3 +139,41 @@ def test_bad_flags_are_one_line_before_any_model_loads(capsys, tmp_path):
         with pytest.raises(SystemExit):
             si.parse_args(["--out", str(tmp_path / "o.jsonl"), *argv])
         assert says in capsys.readouterr().err
+
+
+def test_quoting_material_is_cut_to_whole_sentences_and_sized_per_kind():
+    from draftkit.train.quoting_prompts import material
+
+    report = "Here is the report:\n" + " ".join(f"Sentence number {i} tells of the fair in Oakhurst." for i in range(6))
+    text = material("summarization", report + " And then the")
+    assert text.startswith("Sentence number 0") and text.endswith("Oakhurst.")  # label and the cut-off tail gone
+    assert material("translation", "We ate bread in the park. Then it rained.") == "We ate bread in the park."
+    assert material("summarization", "Too short a report.") is None
+    assert material("extraction", "no sentence end at all") is None
+
+
+def test_quoting_kinds_wrap_what_the_target_wrote_in_a_request(scripted, monkeypatch):
+    """--kinds quoting: the target is asked for material, and the kept rows are requests quoting its answer."""
+    from draftkit.train import quoting_prompts as qp
+    from draftkit.train import target_rows
+
+    asked = []
+
+    def regenerate(writer, tok, convs, seq_len, temperature, seed, max_new_tokens):
+        asked.extend(c[0]["content"] for c in convs)
+        said = "Mia, 31, met Leo, 45, and Ada, 28, at the Oakhurst fair on 3 May. They ate {i} cakes together."
+        return [c[:-1] + [{"role": "assistant", "content": said.format(i=i)}] for i, c in enumerate(convs)]
+
+    monkeypatch.setattr(target_rows, "regenerate_conversations", regenerate)
+    _, tmp = scripted
+    out = tmp / "quoting.jsonl"
+    si.main(["--out", str(out), "--rows", "12", "--batch_size", "12", "--kinds", "quoting"])
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert {r["kind"] for r in rows} <= set(qp.QUOTING_KINDS) and "extraction" in {r["kind"] for r in rows}
+    assert all(a.startswith("Write ") and "Reply with" in a for a in asked)  # material asked for, not requests
+    for r in rows:
+        text = r["messages"][0]["content"]
+        assert "Mia, 31, met Leo" in text  # the material is quoted (translation: its first sentence only)
+        assert r["kind"] != "translation" or "cakes" not in text
+    with pytest.raises(SystemExit):
+        si.parse_args(["--out", str(out), "--kinds", "poetry"])  # an unknown kind: one line before any model loads

@@ -17,6 +17,10 @@ whatever the target writes. Written in batches, each one resumable: a rerun cont
 --out (the same --seed gives the same requests). --mix_into spreads the new rows evenly among an existing prompts
 file's rows (written to --out as one file), so the first rows of the result, which a data recipe's train_rows
 take, hold both.
+
+`--kinds` picks the categories (default: the six above). The quoting kinds (summarization, rag, extraction,
+translation: train/quoting_prompts.py) differ in what the target writes: the material (a news report, a few
+sentences with names and numbers, one everyday sentence), which is then wrapped in the request a user would send.
 """
 from __future__ import annotations
 
@@ -27,6 +31,8 @@ import os
 import random
 import re
 import sys
+
+from draftkit.train.quoting_prompts import QUOTING_KINDS
 
 KINDS = {  # category -> how the request-writing prompt describes it
     "writing": "creative writing",
@@ -39,6 +45,7 @@ KINDS = {  # category -> how the request-writing prompt describes it
 EXAMPLES = 3  # requests shown per prompt
 EVAL_RUN = 8  # words in a run that no kept request may share with an evaluation prompt
 MIN_WORDS, MAX_WORDS = 4, 120
+QUOTING_MAX_WORDS = 200  # a quoting request: its material (train/quoting_prompts.py's bounds) and the words around it
 NUMBERED = re.compile(r"^\s*(?:\d+[.):]|request\s*(?:number\s*)?\d*\s*[:.]|new request\s*:)\s*", re.IGNORECASE)
 
 
@@ -88,10 +95,10 @@ def evaluation_runs() -> set[str]:
     return set().union(*(runs(t) for t in texts))
 
 
-def keep(text: str, seen: set[str], banned: set[str]) -> bool:
+def keep(text: str, seen: set[str], banned: set[str], max_words: int = MAX_WORDS) -> bool:
     """A request worth training on: one of the right length, new, sharing no run with an evaluation prompt."""
     words = len(text.split())
-    return MIN_WORDS <= words <= MAX_WORDS and normalized(text) not in seen and not runs(text) & banned
+    return MIN_WORDS <= words <= max_words and normalized(text) not in seen and not runs(text) & banned
 
 
 def batch_seed(seed: int, batch: int) -> int:
@@ -99,17 +106,36 @@ def batch_seed(seed: int, batch: int) -> int:
     return seed * 1_000_003 + batch
 
 
-def batch_conversations(seed: int, batch: int, size: int) -> list[tuple[str, list[dict]]]:
-    """(kind, request-writing conversation) for batch `batch`: deterministic in (seed, batch), so a resumed run
-    asks what the interrupted one would have."""
+def batch_conversations(seed: int, batch: int, size: int,
+                        kinds: tuple[str, ...] = tuple(KINDS)) -> list[tuple[str, list[dict]]]:
+    """(kind, conversation the target answers) for batch `batch`: deterministic in (seed, batch), so a resumed run
+    asks what the interrupted one would have. A quoting kind's conversation asks for the material of a request
+    (train/quoting_prompts.py), the others' for a request."""
     from draftkit.train.chat_prompts import general
+    from draftkit.train.quoting_prompts import material_ask
 
     rng = random.Random(batch_seed(seed, batch))
     out = []
     for _ in range(size):
-        kind = rng.choice(list(KINDS))
-        out.append((kind, writing_conversation(kind, [general(rng, kind)[1] for _ in range(EXAMPLES)])))
+        kind = rng.choice(list(kinds))
+        if kind in QUOTING_KINDS:
+            conv = [{"role": "user", "content": material_ask(kind, rng)}, {"role": "assistant", "content": ""}]
+        else:
+            conv = writing_conversation(kind, [general(rng, kind)[1] for _ in range(EXAMPLES)])
+        out.append((kind, conv))
     return out
+
+
+def request_of(kind: str, conv: list[dict], seed: int, batch: int, index: int) -> tuple[str | None, int]:
+    """(the request in an answered conversation or None, its most words): a quoting kind's material wrapped in its
+    request (drawn from (seed, batch, index)), else the cleaned answer."""
+    from draftkit.train.quoting_prompts import material, request
+
+    if kind not in QUOTING_KINDS:
+        return cleaned(conv[-1]["content"]), MAX_WORDS
+    text = material(kind, conv[-1]["content"])
+    rng = random.Random(f"{batch_seed(seed, batch)}-{index}")
+    return (text and request(kind, conv[0]["content"], text, rng)), QUOTING_MAX_WORDS
 
 
 def write_requests(writer, tokenizer, args, done: list[dict], seen: set[str], banned: set[str], progress) -> None:
@@ -121,12 +147,12 @@ def write_requests(writer, tokenizer, args, done: list[dict], seen: set[str], ba
     for b in range(batch, batch + args.max_batches):
         if len(done) >= args.rows:
             return
-        asked = batch_conversations(args.seed, b, args.batch_size)
+        asked = batch_conversations(args.seed, b, args.batch_size, tuple(args.kinds))
         answered = regenerate_conversations(writer, tokenizer, [c for _, c in asked], args.max_new_tokens + 1024,
                                             args.temperature, batch_seed(args.seed, b), args.max_new_tokens)
-        for (kind, _), conv in zip(asked, answered):
-            text = cleaned(conv[-1]["content"])
-            if len(done) < args.rows and keep(text, seen, banned):
+        for i, ((kind, _), conv) in enumerate(zip(asked, answered)):
+            text, most = request_of(kind, conv, args.seed, b, i)
+            if text and len(done) < args.rows and keep(text, seen, banned, most):
                 seen.add(normalized(text))
                 done.append({"messages": [{"role": "user", "content": text}, {"role": "assistant", "content": ""}],
                              "kind": kind, "source": "self-instruct", "batch": b})
@@ -174,12 +200,20 @@ def parse_args(argv=None):
                          "natively (as the data recipes' regen_dtype), else float32 (default: %(default)s)")
     ap.add_argument("--device", default=None,
                     help="where the target writes: cpu, cuda, cuda:1, ... (default: cuda where there is one, else cpu)")
+    ap.add_argument("--kinds", nargs="+", default=list(KINDS), metavar="KIND",
+                    help="categories to write, drawn evenly: " + ", ".join(KINDS) + ", or the quoting ones, "
+                         "whose material the target writes: " + ", ".join(QUOTING_KINDS) + "; `quoting` stands for "
+                         "all four (default: the first six)")
     ap.add_argument("--exclude", nargs="+", default=[], metavar="FILE",
                     help="prompts files whose user texts count as seen (default: none)")
     ap.add_argument("--mix_into", "--mix-into", default=None, metavar="FILE",
                     help="also write FILE's rows with the kept requests spread evenly among them, to "
                          "<out stem>.mixed.jsonl (default: none)")
     args = ap.parse_args(argv)
+    args.kinds = [k for kind in args.kinds for k in (QUOTING_KINDS if kind == "quoting" else [kind])]
+    unknown = sorted(set(args.kinds) - set(KINDS) - set(QUOTING_KINDS))
+    if unknown:
+        ap.error(f"--kinds: unknown {', '.join(unknown)}; choose from {', '.join([*KINDS, *QUOTING_KINDS])}, quoting")
     for name in ("rows", "batch_size", "max_batches", "max_new_tokens"):
         if getattr(args, name) < 1:
             ap.error(f"--{name} must be >= 1, got {getattr(args, name)}")
