@@ -92,26 +92,52 @@ def test_the_prior_fades_with_the_evidence():
     assert few.rates()[0] > 0.5  # one failure does not yet outweigh the optimistic prior
 
 
-def test_an_idle_drafter_probes_with_one_level_of_two_nodes():
-    """A drafter that stopped paying (cap 8 levels x 32 nodes: 4 nodes a level) is probed now and then with the
-    cheapest draft that can tell whether it pays again: one level, two nodes (a probe at the cap cost up to 5% of
-    plain decoding)."""
-    import draftkit.verify.controller as ctl
-
-    profile = flat(0.05, plain_s=0.01)
+def idle_drafter_probes(profile, steps: int = 300, passes_from: int | None = None) -> tuple[list, AutoBudget]:
+    """(depth, nodes) given per step to a tree drafter (cap 8 levels x 32 nodes: 4 nodes a level) whose drafts
+    never pass, or from step `passes_from` on always pass to their last level."""
     policy = AutoBudget(None, Budget(8, 32), profile=profile, cache_profile=False)
     given = []
-    for _ in range(300):
+    for i in range(steps):
         b = policy.budget(100)
         given.append((b.max_depth, b.max_nodes))
-        if b.max_depth:  # level 1 never passes
-            policy.observe(StepStats(b.max_nodes, b.max_depth, 0, 1, 0.0002, profile.plain_s * profile.c(b.max_nodes)),
-                           100)
+        if b.max_depth:
+            hit = b.max_depth if passes_from is not None and i >= passes_from else 0
+            policy.observe(StepStats(b.max_nodes, b.max_depth, hit, 1 + hit, 0.0002,
+                                     profile.plain_s * profile.c(b.max_nodes), budget_depth=b.max_depth,
+                                     budget_nodes=b.max_nodes, first_accepted=hit), 100)
         else:
             policy.observe(StepStats(0, 0, 0, 1, 0.0, profile.plain_s), 100)
+    return given, policy
+
+
+def test_an_idle_drafter_probes_with_one_level_of_two_nodes_where_a_second_node_is_free():
+    """A drafter that stopped paying is probed now and then with the cheapest draft that can tell whether it pays
+    again: one level, two nodes where the verify curve is flat (a GPU's; a probe at the cap cost up to 5% of plain
+    decoding)."""
+    import draftkit.verify.controller as ctl
+
+    given, _ = idle_drafter_probes(flat(0.0, plain_s=0.01))
     late = [g for g in given[100:] if g[0]]
     assert late and all(g == (1, ctl.PROBE_NODES) for g in late)
     assert len(late) <= 200 // ctl.PROBE_WAIT_MAX + 1
+
+
+def test_where_a_second_node_is_dear_a_probe_drafts_one_and_a_passing_one_revives_the_tree():
+    """SmolLM2 on a 2-core CPU: one node verifies at a plain step's cost, two at 1.31 of it; an idle drafter's
+    probes (which mostly fail) draft the first candidate alone. Observed as the tree's first level (and its first
+    child), probes that pass bring drafting back."""
+    from draftkit.verify.cost_profile import CostProfile
+
+    sizes = [1, 2, 4, 8, 16, 32, 64]
+    cpu = CostProfile(0.035, sizes, [1.0, 1.31, 1.51, 2.34, 3.09, 4.5, 7.0], context=128)
+    given, _ = idle_drafter_probes(cpu)
+    late = [g for g in given[100:] if g[0]]
+    assert late and all(g == (1, 1) for g in late)
+    given, policy = idle_drafter_probes(cpu, steps=400, passes_from=300)
+    assert all(g == (1, 1) for g in given[100:300] if g[0])
+    assert sum(d > 2 for d, _ in given[360:]) > 30  # drafting deep again (its chain first: the probes were first
+    # children, and the tree's rates keep 200 failures' memory)
+    assert policy.acceptance.rates()[0] > 0.1 and policy.chain_acceptance.rates()[0] > 0.9
 
 
 def test_a_probe_s_catch_up_does_not_make_drafting_look_dearer():

@@ -45,7 +45,7 @@ later siblings seldom pass (EAGLE on code at T = 0.8: the chain 13% faster than 
 every node is a row of a forward that is already many rows (the batch planner offers both shapes).
 
 When D* = 0 the drafter idles, and every `probe_every` plain steps (doubling up to 32 while probes
-keep losing) it drafts one level of at most two nodes to re-measure, so a method that starts paying on
+keep losing) it drafts one level of at most two nodes (one where a second is dear: `probe_nodes`) to re-measure, so a method that starts paying on
 later text is picked up again while a silent one costs next to nothing. A probe that pays (its committed
 tokens took less time than as many plain steps, by DRAFT_MARGIN) is followed by another at the next step, until one does not
 (the back-off goes on where it was) or the plan drafts: it tells what the text is doing now. Backed off after
@@ -304,11 +304,23 @@ class AutoBudget:
             self._idle, self._probe_wait = 0, min(self._probe_wait * 2, PROBE_WAIT_MAX * lanes)
             self._probing = True
             self._priced = False
-            return self._give(Budget(1, min(self.nodes(1), PROBE_NODES)), gains[1], times[1])
+            return self._give(Budget(1, self.probe_nodes()), gains[1], times[1])
         self._probe_wait = self.probe_every
         self._priced = chain
         floor = min(0.5, max(0.0, marginal_s) * rate)
         return self._give(Budget(depth, self.nodes(depth, chain), min_path_prob=floor), gains[depth], times[depth])
+
+    def probe_nodes(self) -> int:
+        """A probe's nodes: the best two candidates of level 1, or the first alone where that is expected to
+        commit more per second (level 1's first-child rate against the tree's, over the verify curve): on a CPU
+        whose one-row products cost what two rows do, verifying two nodes cost SmolLM2 1.31 plain steps and one
+        node 1.0, and an idle drafter's probes mostly fail. A probe is observed as a tree step either way
+        (observe), so that a passing one revives the tree's rates."""
+        most = min(self.nodes(1), PROBE_NODES)
+        if most == 1 or not self.shaped:
+            return most
+        first, tree = self.chain_acceptance.rates()[0], self.acceptance.rates()[0]
+        return 1 if (1 + first) / self.verify_time(1) > (1 + tree) / self.verify_time(most) else most
 
     def _give(self, budget: Budget, committed: float, seconds: float) -> Budget:
         """Record the budget given and what the model expects of it (for reports), and return it."""
@@ -333,7 +345,8 @@ class AutoBudget:
             return
         self._drafted_run += 1
         self._idle_plan = None
-        chain = self.shaped and 0 < step.budget_depth == step.budget_nodes  # the tree drafter's chain shape
+        # the tree drafter's chain shape (a one-node probe is the tree's first level: probe_nodes)
+        chain = self.shaped and 0 < step.budget_depth == step.budget_nodes and not probing
         # a probe's drafting also catches up on every token of the idle steps before it (EAGLE runs them through
         # its draft in one forward), and a sequence's first drafted step on its whole prompt, which a drafter
         # drafting every step never pays: they bound a steady step's cost from above, so they may lower the fit
