@@ -205,6 +205,8 @@ def slopes(lines: list[dict], to: float) -> str:
 def plot(lines: list[dict], path: str, title: str, extrapolate: float = 0.0) -> None:
     """Two panels, chat set mean and HumanEval, tau against million tokens trained, one line per drafter (and its
     straight-line fit, dashed, out to `extrapolate` million tokens when that is past its last point)."""
+    import textwrap
+
     import matplotlib
 
     matplotlib.use("Agg")
@@ -228,7 +230,7 @@ def plot(lines: list[dict], path: str, title: str, extrapolate: float = 0.0) -> 
     for ax in axes:
         if ax.get_legend_handles_labels()[0]:
             ax.legend()
-    fig.suptitle(title, fontsize=9)
+    fig.suptitle(textwrap.fill(title, 170), fontsize=8)  # the machine lines run past the figure's width
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
