@@ -1,6 +1,7 @@
 """The cost-aware budget controller across steps and sequences: when it measures the plain step, how an idle
 drafter probes and backs off, what a new sequence starts from, and pass rates kept per outlook (the choices of
 one step, and that the output never changes, are tests/test_controller.py)."""
+import copy
 
 import pytest
 
@@ -90,6 +91,23 @@ def test_the_prior_fades_with_the_evidence():
     few = AcceptanceModel(4)
     few.observe(depth=1, accepted=0)
     assert few.rates()[0] > 0.5  # one failure does not yet outweigh the optimistic prior
+
+
+def test_levels_below_a_draft_that_passed_to_its_end_age():
+    """Levels a fully passed draft did not reach keep older text's evidence; each such step ages it, so the prior
+    (the level above's rate) comes back: suffix on a quote kept drafting 3 levels, all passing, while levels 4-6
+    held the 0.24 of quotes that had ended there. A step stopped by the text ages nothing."""
+    model = AcceptanceModel(6)
+    for _ in range(30):
+        model.observe(depth=6, accepted=3)  # earlier quotes: levels 4-6 failed
+    model.carry_over(4)  # a new sequence
+    before, evidence = model.rates()[3], (model.reached[3].value, model.passed[3].value)
+    stopped = copy.deepcopy(model)
+    for _ in range(15):
+        model.observe(depth=3, accepted=3)
+        stopped.observe(depth=3, accepted=2)
+    assert model.rates()[3] > before + 0.08 and model.rates()[:3] == pytest.approx([0.99] * 3, abs=0.01)
+    assert (stopped.reached[3].value, stopped.passed[3].value) == evidence
 
 
 def idle_drafter_probes(profile, steps: int = 300, passes_from: int | None = None) -> tuple[list, AutoBudget]:

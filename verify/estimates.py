@@ -98,10 +98,20 @@ class AcceptanceModel:
 
     def observe(self, depth: int, accepted: int) -> None:
         """A step drafted to `depth` and accepted `accepted` levels: levels 1..min(depth, accepted + 1)
-        were tried, levels 1..accepted passed."""
+        were tried, levels 1..accepted passed. A step that passed every level it drafted (the budget stopped it,
+        not the text) also ages the levels below it by one step's forgetting: their evidence is older text's, and
+        a level the budget never reaches is never observed again. Suffix on SmolLM2's second extraction prompt
+        drafted 3 levels and passed all 3 on ten steps in a row while levels 4-6 kept the 0.53 of earlier
+        quotes; simulated (a chain drafter, cap 16, that curve), a long quote after quotes ending at 3 tokens ran at
+        2.91x against 2.74x of plain decoding, those short quotes 2.53x against 2.46x, text passing 0.4 a level
+        level (1.333x, 1.336x; 20 seeds)."""
         for d in range(min(depth, accepted + 1, self.max_depth)):
             self.reached[d].add(1.0, self.keep)
             self.passed[d].add(1.0 if d < accepted else 0.0, self.keep)
+        if 0 < depth <= accepted:
+            for d in range(depth, self.max_depth):
+                self.reached[d].value *= self.keep
+                self.passed[d].value *= self.keep
 
     def rates(self) -> list[float]:
         """r_d per level. The prior of level 1 is prior_rate; that of a deeper level is the rate of the level
