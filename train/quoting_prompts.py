@@ -15,6 +15,8 @@ from __future__ import annotations
 import random
 import re
 
+from draftkit.train.chat_prompts import LANGUAGES as DOC_LANGUAGES
+
 QUOTING_KINDS = ("summarization", "rag", "extraction", "translation")
 
 EVENTS = ["a new bakery opening", "a school science fair", "a flood warning", "a change to the bus timetable",
@@ -55,7 +57,7 @@ FACTS = {  # what the sentences must mention -> requests that extract it
 SENTENCE_TOPICS = ["the weather", "shopping", "a holiday", "a birthday", "cooking dinner", "a train journey",
                    "a visit to the doctor", "school homework", "a job interview", "the neighbours", "a football match",
                    "a new phone", "a museum", "the garden", "a lost key", "breakfast", "a concert", "moving house"]
-LANGUAGES = ["French", "Spanish", "German", "Italian", "Portuguese", "Dutch"]
+LANGUAGES = [*DOC_LANGUAGES, "Dutch"]  # the document requests' languages, and one more
 SUMMARY_ASKS = ["Summarize this report in {n} sentences.\n\n{m}", "Give a one-sentence summary of the text below.\n\n{m}",
                 "Write a short summary of the following news item.\n\n{m}",
                 "Condense this text into {n} bullet points.\n\n{m}", "TL;DR of this article, please:\n\n{m}"]

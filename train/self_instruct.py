@@ -32,7 +32,7 @@ import random
 import re
 import sys
 
-from draftkit.train.quoting_prompts import QUOTING_KINDS
+from draftkit.train.quoting_prompts import QUOTING_KINDS, material, material_ask, request
 
 KINDS = {  # category -> how the request-writing prompt describes it
     "writing": "creative writing",
@@ -112,7 +112,6 @@ def batch_conversations(seed: int, batch: int, size: int,
     asks what the interrupted one would have. A quoting kind's conversation asks for the material of a request
     (train/quoting_prompts.py), the others' for a request."""
     from draftkit.train.chat_prompts import general
-    from draftkit.train.quoting_prompts import material_ask
 
     rng = random.Random(batch_seed(seed, batch))
     out = []
@@ -129,8 +128,6 @@ def batch_conversations(seed: int, batch: int, size: int,
 def request_of(kind: str, conv: list[dict], seed: int, batch: int, index: int) -> tuple[str | None, int]:
     """(the request in an answered conversation or None, its most words): a quoting kind's material wrapped in its
     request (drawn from (seed, batch, index)), else the cleaned answer."""
-    from draftkit.train.quoting_prompts import material, request
-
     if kind not in QUOTING_KINDS:
         return cleaned(conv[-1]["content"]), MAX_WORDS
     text = material(kind, conv[-1]["content"])
